@@ -1,0 +1,115 @@
+"""Helpers shared by every config class: the ``@config`` decorator and hashing.
+
+A config's hash decides whether compiled artifacts can be reused, so it must be
+stable across processes: factors are normalized to JSON-able values (enums by
+name, sets sorted, callables by qualified name) and hashed with sha256.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import PurePath
+from typing import Any, TypeVar
+
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+T = TypeVar("T")
+
+CONFIG_DICT = ConfigDict(arbitrary_types_allowed=True, extra="forbid", validate_assignment=False)
+
+
+def config(cls: type[T]) -> type[T]:
+    """Make ``cls`` a pydantic dataclass that rejects unknown fields."""
+    return pydantic_dataclass(cls, config=CONFIG_DICT)  # type: ignore[return-value]
+
+
+def normalize_value(value: Any) -> Any:
+    """A JSON-able, process-independent form of ``value`` for hashing."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, PurePath):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        compute_hash = getattr(value, "compute_hash", None)
+        if callable(compute_hash):
+            return compute_hash()
+        return {f.name: normalize_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {
+            str(k): normalize_value(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+        }
+    if isinstance(value, (set, frozenset)):
+        return sorted((normalize_value(v) for v in value), key=repr)
+    if isinstance(value, (list, tuple)):
+        return [normalize_value(v) for v in value]
+    if isinstance(value, type) or callable(value):
+        module = getattr(value, "__module__", "")
+        name = getattr(value, "__qualname__", getattr(value, "__name__", repr(value)))
+        return f"{module}.{name}"
+    # torch.dtype and other objects with a stable str()
+    return str(value)
+
+
+def get_hash_factors(config_obj: Any, ignored_factors: set[str]) -> dict[str, Any]:
+    """Every dataclass field of ``config_obj`` not in ``ignored_factors``, normalized."""
+    factors: dict[str, Any] = {}
+    for f in dataclasses.fields(config_obj):
+        if f.name in ignored_factors or f.name.startswith("_"):
+            continue
+        factors[f.name] = normalize_value(getattr(config_obj, f.name))
+    return factors
+
+
+def hash_factors(factors: Any) -> str:
+    """sha256 hex digest of the canonical JSON of ``factors``."""
+    text = json.dumps(normalize_value(factors), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def getattr_iter(obj: Any, names: list[str], default: Any = None) -> Any:
+    """The first of ``names`` that ``obj`` has (HF configs spell fields differently)."""
+    for name in names:
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    return default
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a config class (for --help and --explain)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    tree = ast.parse(source)
+    docs: dict[str, str] = {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    for prev, node in zip(body, body[1:], strict=False):
+        if (
+            isinstance(prev, ast.AnnAssign)
+            and isinstance(prev.target, ast.Name)
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            docs[prev.target.id] = inspect.cleandoc(node.value.value)
+    return docs
+
+
+def unsupported(what: str, why: str) -> Callable[..., None]:
+    """A post-init hook body for sub-configs of subsystems minivllm does not have."""
+
+    def check(*_: Any) -> None:
+        raise ValueError(f"{what} is not supported by minivllm: {why}")
+
+    return check

@@ -1,0 +1,77 @@
+"""The one contract between the scheduler and the worker.
+
+The scheduler hands the worker a `SchedulerOutput` each step and receives a
+`ModelRunnerOutput` back; nothing else crosses between them.  Both are plain
+dataclasses with no torch inside, so the scheduler stays torch-free.
+
+The worker keeps per-request state (token ids, block table, sampling state)
+across steps: a request is sent in full once (`NewRequestData`, also again
+after a preemption) and afterwards only as a delta (`CachedRequestData`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from minivllm.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the worker has not seen yet (or must rebuild after preemption)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    """Every KV block of the request so far, in order."""
+    num_computed_tokens: int
+    """Tokens whose KV is already in the cache (prefix-cache hits count here)."""
+    output_token_ids: list[int] = field(default_factory=list)
+    """Tokens generated before a preemption; they are recomputed as part of the prompt."""
+
+
+@dataclass
+class CachedRequestData:
+    """Deltas for requests the worker already holds, in scheduling order."""
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    """Blocks appended to each request's block table this step."""
+    num_computed_tokens: list[int] = field(default_factory=list)
+    """Tokens already computed for each request before this step."""
+
+
+@dataclass
+class SchedulerOutput:
+    """What the worker runs in one engine step."""
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    """Tokens to compute this step, per request id."""
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str] = field(default_factory=set)
+    """Requests that finished or were aborted/preempted since the last step: drop their state."""
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What the worker returns for one `SchedulerOutput`."""
+
+    req_ids: list[str]
+    """The requests of the step, in the order the worker ran them."""
+    sampled_token_ids: list[list[int]]
+    """New tokens per request; empty for a request still in a partial (chunked) prefill."""
+    logprobs: list[Any | None] = field(default_factory=list)
+    """Per request (parallel to req_ids): None, or a list with one entry per new token,
+    each ``(token_id, logprob, rank, {top_token_id: logprob})``."""
+    prompt_logprobs: dict[str, list[Any]] = field(default_factory=dict)
+    """Per request id, prompt logprob entries computed this step (same entry form, or
+    None for the first prompt token)."""

@@ -35,3 +35,8 @@ def cache_root() -> Path:
 def log_level() -> str:
     """``MINIVLLM_LOGGING_LEVEL`` (default INFO)."""
     return os.environ.get("MINIVLLM_LOGGING_LEVEL", "INFO").upper()
+
+
+def compile_cache_save_format() -> str:
+    """``MINIVLLM_COMPILE_CACHE_SAVE_FORMAT``: ``binary`` (default) or ``unpacked``."""
+    return os.environ.get("MINIVLLM_COMPILE_CACHE_SAVE_FORMAT", "binary").strip().lower()

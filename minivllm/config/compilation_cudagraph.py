@@ -1,0 +1,280 @@
+"""Resolution steps of `CompilationConfig` that settle splitting ops and the graph mode.
+
+They live here to keep `compilation.py` readable; `CompilationConfig` exposes each one
+as a method of the same name, which is what callers use.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from minivllm.config.attention_support import AttentionCGSupport
+from minivllm.config.compilation_modes import CompilationMode, CUDAGraphMode, log_once
+from minivllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from minivllm.config.compilation import CompilationConfig
+
+logger = init_logger(__name__)
+
+ATTENTION_OPS: tuple[str, ...] = ("minivllm::unified_attention_with_output",)
+"""Attention ops, kept outside piecewise graphs (the default splitting ops)."""
+
+KV_CACHE_UPDATE_OPS: tuple[str, ...] = ("minivllm::unified_kv_cache_update",)
+"""KV-cache write ops. Their string argument (the layer name) stops Inductor from
+reusing one compiled piece for every layer, so the default split leaves them out of
+the compiled pieces too."""
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def set_splitting_ops_for_v1(
+    cfg: CompilationConfig, all2all_backend: str, data_parallel_size: int = 1
+) -> None:
+    """Settle `splitting_ops` (and the graph modes that depend on them)."""
+    if cfg.mode != CompilationMode.VLLM_COMPILE:
+        # Only VLLM_COMPILE splits the graph; other modes see the whole graph.
+        if cfg.splitting_ops is None:
+            cfg.splitting_ops = []
+        return
+
+    if cfg.pass_config.fuse_attn_quant and not cfg.use_inductor_graph_partition:
+        set_splitting_ops_for_attn_fusion(cfg)
+    elif cfg.splitting_ops is None:
+        # Keep attention out of the pieces even for full graphs: the full graph is then
+        # captured around the piecewise FX graph, which costs less CPU time for batch
+        # sizes that were not captured.
+        cfg.splitting_ops = list(ATTENTION_OPS)
+        if not cfg.use_inductor_graph_partition:
+            _disable_kvcache_fusions_for_fx_split(cfg)
+            cfg.splitting_ops.extend(KV_CACHE_UPDATE_OPS)
+    elif len(cfg.splitting_ops) == 0:
+        _drop_piecewise_for_empty_splitting_ops(cfg)
+
+    if (
+        all2all_backend == "deepep_high_throughput"
+        and data_parallel_size > 1
+        and cfg.cudagraph_mode != CUDAGraphMode.NONE
+    ):
+        logger.info(
+            "CUDA graphs are turned off: the deepep_high_throughput all2all kernels cannot "
+            "be captured. Use another --all2all-backend (e.g. deepep_low_latency or "
+            "allgather_reducescatter) to keep CUDA graphs for decode."
+        )
+        cfg.cudagraph_mode = CUDAGraphMode.NONE
+
+
+def _disable_kvcache_fusions_for_fx_split(cfg: CompilationConfig) -> None:
+    # The KV-cache write is about to become a splitting op, so a pass fusing into it
+    # would never see both halves of its pattern.
+    for name, what in (
+        ("fuse_rope_kvcache", "RoPE + KV-cache"),
+        ("fuse_qk_norm_rope_kvcache", "QK-norm + RoPE + KV-cache"),
+    ):
+        if getattr(cfg.pass_config, name):
+            log_once(
+                logger,
+                logging.WARNING,
+                "%s is turned off: with splitting_ops unset and Inductor graph partition off "
+                "the KV-cache update is split out of the graph. Set splitting_ops=[] or "
+                "use_inductor_graph_partition=True to keep the %s fusion.",
+                name,
+                what,
+            )
+            setattr(cfg.pass_config, name, False)
+
+
+def _drop_piecewise_for_empty_splitting_ops(cfg: CompilationConfig) -> None:
+    # Nothing is split out, so there are no pieces to capture piecewise.
+    if cfg.cudagraph_mode == CUDAGraphMode.PIECEWISE:
+        log_once(
+            logger,
+            logging.WARNING,
+            "cudagraph_mode PIECEWISE with splitting_ops=[] captures nothing; setting "
+            "cudagraph_mode=NONE. Use FULL or FULL_DECODE_ONLY for full graphs.",
+        )
+        cfg.cudagraph_mode = CUDAGraphMode.NONE
+    elif cfg.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE:
+        log_once(
+            logger,
+            logging.WARNING,
+            "cudagraph_mode FULL_AND_PIECEWISE with splitting_ops=[] has no pieces; "
+            "setting cudagraph_mode=FULL.",
+        )
+        cfg.cudagraph_mode = CUDAGraphMode.FULL
+    cfg.splitting_ops = []
+
+
+def set_splitting_ops_for_attn_fusion(cfg: CompilationConfig) -> None:
+    """Attention + quant fusion needs attention inside the graph: no attention splits."""
+    assert cfg.pass_config.fuse_attn_quant, "only called with fuse_attn_quant on"
+    if cfg.splitting_ops is None:
+        cfg.splitting_ops = []
+        if cfg.cudagraph_mode is not None and cfg.cudagraph_mode.has_piecewise_cudagraphs():
+            log_once(
+                logger,
+                logging.WARNING,
+                "fuse_attn_quant cannot be combined with piecewise CUDA graphs unless "
+                "use_inductor_graph_partition is on; setting splitting_ops=[] and "
+                "cudagraph_mode=FULL. Set cudagraph_mode=NONE if the attention backend "
+                "cannot be captured.",
+            )
+            cfg.cudagraph_mode = CUDAGraphMode.FULL
+    if cfg.splitting_ops_contain_attention():
+        raise ValueError(
+            "fuse_attn_quant=True needs attention inside the compiled graph, but "
+            f"splitting_ops={cfg.splitting_ops} splits it out; remove the attention ops "
+            "from splitting_ops or turn fuse_attn_quant off."
+        )
+
+
+def resolve_cudagraph_mode_and_sizes(
+    cfg: CompilationConfig,
+    min_cg_support: AttentionCGSupport,
+    min_cg_attn_backend: str | None,
+    uniform_decode_query_len: int = 1,
+    use_v2_model_runner: bool = False,
+    kv_cache_config: Any = None,
+    max_num_reqs: int | None = None,
+    is_profiling: bool = False,
+    piecewise_capture_available: bool = True,
+) -> CUDAGraphMode:
+    """Downgrade `cudagraph_mode` to what the attention backends and model support."""
+    mode = cfg.cudagraph_mode
+    if mode is None or mode == CUDAGraphMode.NONE:
+        cfg.cudagraph_mode = CUDAGraphMode.NONE
+        return CUDAGraphMode.NONE
+
+    def unsupported(m: CUDAGraphMode, extra: str = "") -> str:
+        return (
+            f"CUDAGraphMode.{m.name} is not supported{extra} with the {min_cg_attn_backend} "
+            f"attention backend (support: {min_cg_support.name})"
+        )
+
+    # 1. Full graphs for mixed batches need a backend that captures any batch.
+    if mode.mixed_mode() == CUDAGraphMode.FULL and min_cg_support != AttentionCGSupport.ALWAYS:
+        msg = unsupported(mode)
+        if min_cg_support == AttentionCGSupport.NEVER:
+            raise ValueError(
+                msg + "; use cudagraph_mode=PIECEWISE with compilation mode VLLM_COMPILE"
+            )
+        if cfg.splitting_ops_contain_attention():
+            mode = CUDAGraphMode.FULL_AND_PIECEWISE
+        else:
+            mode = CUDAGraphMode.FULL_DECODE_ONLY
+        logger.warning("%s; setting cudagraph_mode=%s", msg, mode.name)
+
+    # 2. Full decode graphs need at least some full-graph support.
+    if mode.decode_mode() == CUDAGraphMode.FULL and min_cg_support == AttentionCGSupport.NEVER:
+        msg = unsupported(mode)
+        if cfg.mode == CompilationMode.VLLM_COMPILE and (
+            cfg.splitting_ops_contain_attention() or cfg.use_inductor_graph_partition
+        ):
+            mode = CUDAGraphMode.PIECEWISE
+            reason = "attention is compiled piecewise"
+        else:
+            mode = CUDAGraphMode.NONE
+            reason = "attention is not compiled piecewise"
+        logger.warning("%s; setting cudagraph_mode=%s because %s", msg, mode.name, reason)
+
+    # 3. Spec-decode verification batches (q > 1) need uniform-batch support.
+    if (
+        mode.decode_mode() == CUDAGraphMode.FULL
+        and uniform_decode_query_len > 1
+        and min_cg_support.value < AttentionCGSupport.UNIFORM_BATCH.value
+    ):
+        msg = unsupported(mode, " with speculative decoding")
+        if cfg.splitting_ops_contain_attention():
+            mode = CUDAGraphMode.PIECEWISE
+        else:
+            mode = CUDAGraphMode.NONE
+        logger.warning("%s; setting cudagraph_mode=%s", msg, mode.name)
+
+    # 4. Piecewise graphs need something to capture in pieces.
+    if not piecewise_capture_available and mode.requires_piecewise_compilation():
+        fallback = mode.without_piecewise()
+        log_once(
+            logger,
+            logging.WARNING,
+            "cudagraph_mode %s needs piecewise capture, but the model has neither a "
+            "compiled submodule nor breakable CUDA graphs; using %s.",
+            mode,
+            fallback,
+        )
+        mode = fallback
+
+    # 5. After every downgrade, full graphs must still be capturable.
+    if mode.has_full_cudagraphs() and min_cg_support == AttentionCGSupport.NEVER:
+        raise ValueError(
+            unsupported(mode) + "; use cudagraph_mode=PIECEWISE with compilation mode VLLM_COMPILE"
+        )
+
+    # 6. The v1 runner pads decode graphs to whole requests of q tokens.
+    if (
+        not use_v2_model_runner
+        and mode.decode_mode() == CUDAGraphMode.FULL
+        and uniform_decode_query_len > 1
+    ):
+        cfg.adjust_cudagraph_sizes_for_spec_decode(uniform_decode_query_len)
+
+    # 7. Each full-graph decode sequence of a Mamba model needs its own state block.
+    if (
+        kv_cache_config is not None
+        and max_num_reqs is not None
+        and mode.has_full_cudagraphs()
+        and not is_profiling
+        and kv_cache_config.has_mamba_layers
+        and max_num_reqs > kv_cache_config.num_blocks
+    ):
+        raise ValueError(
+            f"max_num_seqs ({max_num_reqs}) exceeds the Mamba cache blocks available "
+            f"({kv_cache_config.num_blocks}); each decode sequence needs one, so CUDA graphs "
+            f"cannot be captured. Lower max_num_seqs to at most {kv_cache_config.num_blocks} "
+            "or raise gpu_memory_utilization."
+        )
+
+    cfg.cudagraph_mode = mode
+    return mode
+
+
+def adjust_cudagraph_sizes_for_spec_decode(
+    cfg: CompilationConfig, uniform_decode_query_len: int
+) -> None:
+    """Round capture sizes up to multiples of ``uniform_decode_query_len`` (whole requests)."""
+    multiple = uniform_decode_query_len
+    if not cfg.cudagraph_capture_sizes or multiple <= 1:
+        return
+    max_size = cfg.max_cudagraph_capture_size
+    assert max_size is not None, "max_cudagraph_capture_size is set with the capture sizes"
+    rounded = sorted(
+        {
+            _round_up(size, multiple)
+            for size in cfg.cudagraph_capture_sizes
+            if _round_up(size, multiple) <= max_size
+        }
+    )
+    if not rounded and multiple <= max_size:
+        # Every size rounded past the max, but one whole request still fits.
+        rounded = [multiple]
+    if not rounded:
+        raise ValueError(
+            f"No CUDA graph capture size is left after rounding to a multiple of {multiple} "
+            f"(num_speculative_tokens + 1). Lower num_speculative_tokens "
+            f"({uniform_decode_query_len - 1}) or raise max_cudagraph_capture_size "
+            f"({max_size}) or cudagraph_capture_sizes ({cfg.cudagraph_capture_sizes})."
+        )
+    cfg.max_cudagraph_capture_size = rounded[-1]
+    cfg.cudagraph_capture_sizes = rounded
+
+
+__all__ = [
+    "ATTENTION_OPS",
+    "KV_CACHE_UPDATE_OPS",
+    "adjust_cudagraph_sizes_for_spec_decode",
+    "resolve_cudagraph_mode_and_sizes",
+    "set_splitting_ops_for_attn_fusion",
+    "set_splitting_ops_for_v1",
+]

@@ -13,7 +13,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import PurePath
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -113,3 +113,68 @@ def unsupported(what: str, why: str) -> Callable[..., None]:
         raise ValueError(f"{what} is not supported by minivllm: {why}")
 
     return check
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def non_default_fields(config_obj: Any) -> dict[str, Any]:
+    """``{name: value}`` of the init fields of ``config_obj`` that differ from their defaults."""
+    changed: dict[str, Any] = {}
+    for f in dataclasses.fields(config_obj):
+        if not f.init:
+            continue
+        default = _field_default(f)
+        value = getattr(config_obj, f.name)
+        if default is dataclasses.MISSING or value != default:
+            changed[f.name] = value
+    return changed
+
+
+class UnsupportedFeature:
+    """Mixin for the sub-configs of subsystems minivllm does not have.
+
+    The class keeps vLLM's fields (so configs written for vLLM parse), but:
+
+    - constructing it with any field different from its default raises a
+      ``ValueError`` that names the feature (``FEATURE``);
+    - ``check_supported()``, which `VllmConfig` calls on every sub-config it
+      holds, raises as well when ``ACTIVE_WHEN_PRESENT`` is true, i.e. when
+      merely passing the config switches the subsystem on (LoRA, speculative
+      decoding, ...). Configs that are always present (``structured_outputs_config``)
+      leave it false: their defaults are inert.
+    """
+
+    FEATURE: ClassVar[str] = "this feature"
+    """Human-readable name used in error messages, e.g. "LoRA (lora_config)"."""
+    ACTIVE_WHEN_PRESENT: ClassVar[bool] = False
+    """Whether a default-constructed instance already enables the subsystem."""
+    SUPPORTED: ClassVar[bool] = False
+    """Always False here; supported configs do not use this mixin."""
+
+    def __post_init__(self) -> None:
+        changed = non_default_fields(self)
+        if changed:
+            self._raise(changed)
+
+    def _raise(self, changed: dict[str, Any]) -> None:
+        if changed:
+            settings = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+            detail = f" (got {settings}); leave these fields at their defaults"
+        else:
+            detail = ""
+        raise ValueError(
+            f"{self.FEATURE} is not supported by minivllm{detail}. "
+            "Remove this setting to run with minivllm."
+        )
+
+    def check_supported(self) -> None:
+        """Raise ``ValueError`` when this config would switch on the unsupported feature."""
+        changed = non_default_fields(self)
+        if changed or self.ACTIVE_WHEN_PRESENT:
+            self._raise(changed)

@@ -1,0 +1,203 @@
+"""`ParallelConfig`: how the model is split over processes.
+
+minivllm supports tensor parallelism over ``torch.distributed`` with the
+multiprocessing executor ("mp"); pipeline, data, context and expert
+parallelism keep their vLLM fields but any size above 1 is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from minivllm.config.utils import config, hash_factors
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+DistributedExecutorBackend = Literal["uni", "mp", "ray", "external_launcher"]
+SUPPORTED_EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+"""Executor names minivllm has (single process, multiprocessing, Ray)."""
+All2AllBackend = Literal[
+    "allgather_reducescatter",
+    "naive",
+    "pplx",
+    "deepep_low_latency",
+    "deepep_high_throughput",
+    "nixl_ep",
+    "moonep",
+    "flashinfer_all2allv",
+]
+ExpertPlacementStrategy = Literal["linear", "round_robin"]
+DCPCommBackend = Literal["ag_rs", "a2a"]
+
+
+@config
+class ParallelConfig:
+    """Configuration for the distributed execution."""
+
+    pipeline_parallel_size: int = 1
+    """Number of pipeline stages. Only 1 is supported."""
+    tensor_parallel_size: int = 1
+    """Number of tensor-parallel ranks (needs the "mp" executor when > 1)."""
+    prefill_context_parallel_size: int = 1
+    """Prefill context-parallel ranks. Only 1 is supported."""
+    decode_context_parallel_size: int = 1
+    """Decode context-parallel ranks. Only 1 is supported."""
+    dcp_kv_cache_interleave_size: int = 1
+    """Tokens stored per DCP rank before moving to the next (deprecated alias of
+    ``cp_kv_cache_interleave_size``)."""
+    cp_kv_cache_interleave_size: int = 1
+    """Tokens stored per context-parallel rank before moving to the next."""
+    dcp_comm_backend: DCPCommBackend = "ag_rs"
+    """Communication pattern of decode context parallelism."""
+    data_parallel_size: int = 1
+    """Number of data-parallel replicas. Only 1 is supported."""
+    data_parallel_size_local: int = 1
+    """Data-parallel replicas on this node."""
+    data_parallel_rank: int = 0
+    """Rank of this replica."""
+    data_parallel_index: int = 0
+    """Index of this replica (the rank, without the process-group meaning)."""
+    data_parallel_external_lb: bool = False
+    """Whether an external load balancer spreads requests over replicas."""
+    data_parallel_backend: str = "mp"
+    """How data-parallel replicas are launched."""
+    enable_expert_parallel: bool = False
+    """Shard MoE experts over ranks. Unsupported."""
+    enable_eplb: bool = False
+    """Expert-parallel load balancing. Unsupported."""
+    expert_placement_strategy: ExpertPlacementStrategy = "linear"
+    """How experts are placed on ranks (MoE only)."""
+    all2all_backend: All2AllBackend = "allgather_reducescatter"
+    """All-to-all kernel for expert parallelism (MoE only)."""
+    enable_dbo: bool = False
+    """Dual batch overlap (micro-batching). Unsupported."""
+    ubatch_size: int = 0
+    """Micro-batches per step; > 1 turns on micro-batching. Unsupported."""
+    disable_custom_all_reduce: bool = False
+    """Use torch.distributed's all-reduce instead of a custom kernel. minivllm
+    always uses torch.distributed, so this has no effect."""
+    disable_nccl_for_dp_synchronization: bool | None = None
+    """Synchronize data-parallel ranks over Gloo instead of NCCL. None lets
+    `VllmConfig` decide (from async scheduling)."""
+    enable_batch_sharded_sampling: bool | None = None
+    """Shard sampling by request over tensor-parallel ranks. Unsupported;
+    `VllmConfig` resolves None to False."""
+    enable_fault_tolerance: bool = False
+    """Detect and survive failed peers. Unsupported."""
+    distributed_executor_backend: DistributedExecutorBackend | None = None
+    """Executor: "uni" (one process), "mp" (one process per rank) or "ray".
+    None: "uni" for one rank, "mp" otherwise."""
+    max_parallel_loading_workers: int | None = None
+    """Load weights in batches of this many workers (no effect in minivllm)."""
+    worker_cls: str = "auto"
+    """Qualified name of the worker class; only "auto" is supported."""
+    rank: int = 0
+    """Global rank of this process (set by the executor)."""
+    is_moe_model: bool | None = None
+    """Copied from `ModelConfig.is_moe` by `VllmConfig`."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "pipeline_parallel_size",
+            "tensor_parallel_size",
+            "prefill_context_parallel_size",
+            "decode_context_parallel_size",
+            "data_parallel_size",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        # Whether a worker may align cp_kv_cache_interleave_size to its block size.
+        self._allow_auto_resolve_cp_interleave_size = self.cp_kv_cache_interleave_size == 1
+        if self.distributed_executor_backend is None:
+            self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
+        self.check_supported()
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of one replica: pipeline x tensor x prefill-context parallel."""
+        return (
+            self.pipeline_parallel_size
+            * self.tensor_parallel_size
+            * self.prefill_context_parallel_size
+        )
+
+    @property
+    def world_size_across_dp(self) -> int:
+        return self.world_size * self.data_parallel_size
+
+    @property
+    def use_ubatching(self) -> bool:
+        return self.enable_dbo or self.ubatch_size > 1
+
+    @property
+    def use_all2all(self) -> bool:
+        """Whether MoE layers exchange tokens with all-to-all (expert parallel, DP > 1)."""
+        return self.enable_expert_parallel and self.data_parallel_size > 1
+
+    @property
+    def use_sequence_parallel_moe(self) -> bool:
+        return False
+
+    def set_dcp_defaults(self) -> None:
+        """Fill decode-context-parallel defaults left unset (all are static here)."""
+        if self.dcp_kv_cache_interleave_size > 1 and self.cp_kv_cache_interleave_size == 1:
+            self.cp_kv_cache_interleave_size = self.dcp_kv_cache_interleave_size
+
+    def unsupported_settings(self) -> list[str]:
+        """What minivllm cannot run, each with the fix."""
+        problems: list[str] = []
+        sizes = {
+            "pipeline_parallel_size": "pipeline parallelism",
+            "data_parallel_size": "data parallelism",
+            "prefill_context_parallel_size": "prefill context parallelism",
+            "decode_context_parallel_size": "decode context parallelism",
+        }
+        for name, what in sizes.items():
+            if getattr(self, name) > 1:
+                problems.append(f"{name}={getattr(self, name)} ({what}; use 1)")
+        flags = {
+            "enable_expert_parallel": "expert parallelism",
+            "enable_eplb": "expert load balancing",
+            "enable_dbo": "dual batch overlap",
+            "enable_fault_tolerance": "fault tolerance",
+            "enable_batch_sharded_sampling": "batch-sharded sampling",
+        }
+        problems += [f"{k}=True ({what})" for k, what in flags.items() if getattr(self, k)]
+        if self.ubatch_size > 1:
+            problems.append(f"ubatch_size={self.ubatch_size} (micro-batching; use 0)")
+        if self.worker_cls != "auto":
+            problems.append(f"worker_cls={self.worker_cls!r} (custom workers; use 'auto')")
+        backend: Any = self.distributed_executor_backend
+        if isinstance(backend, str) and backend not in SUPPORTED_EXECUTOR_BACKENDS:
+            problems.append(
+                f"distributed_executor_backend={backend!r} (use one of "
+                f"{list(SUPPORTED_EXECUTOR_BACKENDS)})"
+            )
+        elif self.tensor_parallel_size > 1 and backend != "mp":
+            problems.append(
+                f"tensor_parallel_size={self.tensor_parallel_size} with "
+                f"distributed_executor_backend={backend!r} (tensor parallelism runs on the "
+                "'mp' executor; set distributed_executor_backend='mp' or leave it unset)"
+            )
+        return problems
+
+    def check_supported(self) -> None:
+        """Raise ``ValueError`` listing every unsupported parallel setting."""
+        problems = self.unsupported_settings()
+        if problems:
+            raise ValueError("not supported by minivllm yet: " + "; ".join(problems) + ".")
+
+    def compute_hash(self) -> str:
+        """Sizes and expert-parallel settings change how layers are sharded."""
+        factors = [
+            self.pipeline_parallel_size,
+            self.tensor_parallel_size,
+            self.enable_expert_parallel,
+            self.data_parallel_size,
+            self.all2all_backend,
+            self.prefill_context_parallel_size,
+            self.decode_context_parallel_size,
+            self.enable_dbo,
+        ]
+        return hash_factors(factors)

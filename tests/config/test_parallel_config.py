@@ -1,0 +1,103 @@
+"""ParallelConfig: tensor parallel over the mp executor; everything else is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from minivllm.config.parallel import ParallelConfig
+
+
+def test_defaults() -> None:
+    p = ParallelConfig()
+    assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.data_parallel_size) == (1, 1, 1)
+    assert p.world_size == 1 and p.world_size_across_dp == 1
+    assert p.distributed_executor_backend == "uni"
+    assert not p.use_ubatching and not p.use_all2all
+    assert p.rank == 0 and p.data_parallel_index == 0
+
+
+def test_tensor_parallel_defaults_to_mp() -> None:
+    p = ParallelConfig(tensor_parallel_size=2)
+    assert p.distributed_executor_backend == "mp"
+    assert p.world_size == 2
+
+
+def test_tensor_parallel_with_mp_is_accepted() -> None:
+    p = ParallelConfig(tensor_parallel_size=4, distributed_executor_backend="mp")
+    assert p.world_size == 4
+
+
+@pytest.mark.parametrize("backend", ["uni", "ray"])
+def test_tensor_parallel_needs_mp(backend: str) -> None:
+    with pytest.raises(ValueError, match="distributed_executor_backend='mp'"):
+        ParallelConfig(tensor_parallel_size=2, distributed_executor_backend=backend)  # type: ignore[arg-type]
+
+
+def test_single_rank_backends() -> None:
+    for backend in ("uni", "mp", "ray"):
+        assert ParallelConfig(distributed_executor_backend=backend).world_size == 1  # type: ignore[arg-type]
+
+
+def test_external_launcher_is_unsupported() -> None:
+    with pytest.raises(ValueError, match="external_launcher"):
+        ParallelConfig(distributed_executor_backend="external_launcher")
+
+
+@pytest.mark.parametrize(
+    ("field", "what"),
+    [
+        ("pipeline_parallel_size", "pipeline parallelism"),
+        ("data_parallel_size", "data parallelism"),
+        ("decode_context_parallel_size", "decode context parallelism"),
+        ("prefill_context_parallel_size", "prefill context parallelism"),
+    ],
+)
+def test_other_parallelism_is_not_supported_yet(field: str, what: str) -> None:
+    with pytest.raises(ValueError) as e:
+        ParallelConfig(**{field: 2})
+    assert "not supported by minivllm yet" in str(e.value)
+    assert what in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"enable_expert_parallel": True},
+        {"enable_eplb": True},
+        {"enable_dbo": True},
+        {"ubatch_size": 2},
+        {"enable_fault_tolerance": True},
+        {"enable_batch_sharded_sampling": True},
+        {"worker_cls": "my.Worker"},
+    ],
+)
+def test_unsupported_features(kwargs: dict) -> None:
+    with pytest.raises(ValueError, match="not supported by minivllm"):
+        ParallelConfig(**kwargs)
+
+
+@pytest.mark.parametrize("field", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_sizes_must_be_positive(field: str) -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        ParallelConfig(**{field: 0})
+
+
+def test_check_supported_sees_later_assignments() -> None:
+    p = ParallelConfig()
+    p.pipeline_parallel_size = 2
+    with pytest.raises(ValueError, match="pipeline"):
+        p.check_supported()
+
+
+def test_hash_factors() -> None:
+    base = ParallelConfig().compute_hash()
+    assert ParallelConfig(tensor_parallel_size=2).compute_hash() != base
+    # Which executor runs one rank, and the rank itself, do not shape the graph.
+    assert ParallelConfig(distributed_executor_backend="mp").compute_hash() == base
+    assert ParallelConfig(rank=3, max_parallel_loading_workers=2).compute_hash() == base
+
+
+def test_set_dcp_defaults_copies_the_deprecated_alias() -> None:
+    p = ParallelConfig(dcp_kv_cache_interleave_size=4)
+    p.set_dcp_defaults()
+    assert p.cp_kv_cache_interleave_size == 4

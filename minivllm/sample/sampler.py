@@ -1,0 +1,166 @@
+"""The sampler: from one row of logits per request to one token per request.
+
+Steps, in vLLM v1's order:
+
+1. If any row wants logprobs, take them from the raw logits (vLLM's default
+   ``raw_logprobs`` mode: before any penalty, bias or temperature).
+2. Constraints that can change the argmax: allowed_token_ids, min_tokens (stop
+   tokens banned), logit_bias.
+3. Penalties: repetition (prompt + output tokens), frequency and presence
+   (output tokens).
+4. Greedy rows take the argmax here.
+5. Random rows: temperature, min-p, top-k, top-p, then one draw per row with the
+   exponential race (argmax of probs / q, q ~ Exp(1)).  A seeded row draws its q
+   from its own generator, so its tokens depend only on its own history.
+
+Everything is batched; the only per-row Python loop is the seeded rows' draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from minivllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
+from minivllm.sample.metadata import SamplingMetadata
+
+
+@dataclass
+class SamplerOutput:
+    """The tokens chosen this step and, if requested, their logprobs."""
+
+    sampled_token_ids: torch.Tensor
+    """[num_reqs] int64."""
+    logprobs: LogprobsTensors | None
+    """Top-k (k = the batch's max_num_logprobs) from the raw logits, or None."""
+
+
+def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Repetition, frequency and presence penalties, in place; returns ``logits``."""
+    assert meta.output_token_ids is not None
+    num_reqs, vocab_size = logits.shape
+    out_counts = _bin_counts(meta.output_token_ids, num_reqs, vocab_size)
+    out_seen = out_counts > 0
+    assert meta.repetition_penalties is not None
+    if meta.prompt_token_ids is not None:
+        seen = out_seen | (_bin_counts(meta.prompt_token_ids, num_reqs, vocab_size) > 0)
+        penalty = torch.where(seen, meta.repetition_penalties.unsqueeze(1), 1.0)
+        # Dividing a positive logit and multiplying a negative one both make it less likely.
+        logits = torch.where(logits > 0, logits / penalty, logits * penalty)
+    assert meta.frequency_penalties is not None and meta.presence_penalties is not None
+    logits -= meta.frequency_penalties.unsqueeze(1) * out_counts
+    logits -= meta.presence_penalties.unsqueeze(1) * out_seen
+    return logits
+
+
+def _bin_counts(token_ids: torch.Tensor, num_reqs: int, vocab_size: int) -> torch.Tensor:
+    # One extra column swallows the padding id (vocab_size), then gets dropped.
+    counts = torch.zeros(num_reqs, vocab_size + 1, dtype=torch.float32, device=token_ids.device)
+    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the row's top probability."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    return logits.masked_fill_(probs < threshold, float("-inf"))
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None
+) -> torch.Tensor:
+    """Keep each row's k most likely tokens and/or its top-p nucleus (in place).
+
+    Rows with k == vocab_size or p == 1.0 are left alone.  Ties at the k-th value
+    keep every tied token.
+    """
+    if k is None and p is None:
+        return logits
+    vocab_size = logits.shape[-1]
+    if p is None:
+        assert k is not None
+        # Top-k alone needs only the k-th largest value, not a full sort.
+        off = k >= vocab_size
+        k_eff = k.masked_fill(off, 1)
+        kth = logits.topk(int(k_eff.max()), dim=-1).values.gather(1, (k_eff - 1).unsqueeze(1))
+        kth.masked_fill_(off.unsqueeze(1), float("-inf"))
+        return logits.masked_fill_(logits < kth, float("-inf"))
+
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        kth = sorted_logits.gather(1, (vocab_size - k.clamp(max=vocab_size)).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    # Ascending order: drop the low tail whose mass is at most 1 - p, never the top token.
+    tail = sorted_probs.cumsum(dim=-1) <= (1 - p).unsqueeze(1)
+    tail[:, -1] = False
+    sorted_logits.masked_fill_(tail, float("-inf"))
+    return logits.scatter_(1, order, sorted_logits)
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """One token per row: argmax(probs / q) with q ~ Exp(1) is a draw from probs."""
+    q = torch.empty_like(probs)
+    if len(generators) != probs.shape[0]:
+        q.exponential_()
+    for row, generator in generators.items():
+        q[row].exponential_(generator=generator)
+    return probs.div_(q).argmax(dim=-1)
+
+
+class Sampler(nn.Module):
+    """Picks the next token of every request in the batch (see the module doc)."""
+
+    def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
+        meta = sampling_metadata
+        # Raw logprobs come first: they describe the model, not the sampling knobs.
+        raw_logprobs = None
+        if meta.max_num_logprobs is not None:
+            raw_logprobs = compute_logprobs(logits)
+
+        # Everything below edits the logits in place, so work on a float32 copy.
+        logits = logits.to(torch.float32, copy=True)
+        logits = self.apply_constraints(logits, meta)
+        if not meta.no_penalties:
+            logits = apply_penalties(logits, meta)
+        sampled = self.sample(logits, meta)
+
+        logprobs = None
+        if raw_logprobs is not None:
+            assert meta.max_num_logprobs is not None
+            logprobs = gather_logprobs(raw_logprobs, meta.max_num_logprobs, sampled)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    @staticmethod
+    def apply_constraints(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """allowed_token_ids, min_tokens and logit_bias: the knobs that move the argmax."""
+        if meta.disallowed_mask is not None:
+            logits.masked_fill_(meta.disallowed_mask, float("-inf"))
+        if meta.min_tokens_mask is not None:
+            rows, token_ids = meta.min_tokens_mask
+            logits[rows, token_ids] = float("-inf")
+        if meta.logit_bias is not None:
+            rows, token_ids, biases = meta.logit_bias
+            logits.index_put_((rows, token_ids), biases, accumulate=True)
+        return logits
+
+    @staticmethod
+    def sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Greedy rows take the argmax, the rest a random draw; [num_reqs] int64."""
+        greedy = None if meta.all_random else logits.argmax(dim=-1)
+        if meta.all_greedy:
+            assert greedy is not None
+            return greedy
+        assert meta.temperature is not None
+        logits.div_(meta.temperature.unsqueeze(1))
+        if meta.min_p is not None:
+            apply_min_p(logits, meta.min_p)
+        logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+        sampled = random_sample(logits.softmax(dim=-1), meta.generators)
+        if greedy is None:
+            return sampled
+        assert meta.random_rows is not None
+        return torch.where(meta.random_rows, sampled, greedy)

@@ -1,0 +1,145 @@
+"""Tokenizer loading (HF directories and GGUF files) and chat-template rendering.
+
+A GGUF file carries no ``tokenizer.json``; its vocabulary, merges, special token ids
+and chat template live in the metadata under llama.cpp's key names.  Transformers can
+turn that metadata into a fast tokenizer, but going through
+``AutoTokenizer.from_pretrained(dir, gguf_file=...)`` also parses the model config
+and takes many seconds.  We read only the tokenizer keys and call transformers'
+converter directly, which gives the same tokenizer in well under a second.
+
+Nothing here downloads anything: every path must exist locally.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+# Files whose presence marks a directory as an HF tokenizer directory.
+_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def get_tokenizer(
+    model_path: str,
+    tokenizer: str | None = None,
+    trust_remote_code: bool = False,
+) -> PreTrainedTokenizerBase:
+    """Load (once per distinct argument tuple) the tokenizer for a local model.
+
+    ``tokenizer`` overrides where the tokenizer is read from; by default it is read
+    from ``model_path``.  Either may be an HF directory or a ``.gguf`` file (a
+    directory whose only tokenizer source is a single ``.gguf`` file works too).
+    The result is cached and shared: callers must not mutate it.
+    """
+    source = os.fspath(tokenizer if tokenizer is not None else model_path)
+    path = _resolve_source(os.path.abspath(os.path.expanduser(source)))
+    return _load_tokenizer(path, trust_remote_code)
+
+
+def _resolve_source(path: str) -> str:
+    """The .gguf file or HF directory to read, so that cache keys are canonical."""
+    if not os.path.exists(path):
+        raise ValueError(
+            f"Tokenizer path {path!r} does not exist. minivllm never downloads from a model "
+            "hub: pass a local HF directory or a local .gguf file."
+        )
+    if os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            raise ValueError(
+                f"Tokenizer path {path!r} is a file but not a .gguf file; pass a .gguf file "
+                "or a directory holding tokenizer.json / tokenizer_config.json."
+            )
+        return path
+    if any(os.path.exists(os.path.join(path, name)) for name in _HF_TOKENIZER_FILES):
+        return path
+    ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+    if len(ggufs) == 1:
+        return os.path.join(path, ggufs[0])
+    raise ValueError(
+        f"No tokenizer found in {path!r}: expected one of {list(_HF_TOKENIZER_FILES)} "
+        f"or exactly one .gguf file (found {len(ggufs)}). Pass the tokenizer path "
+        "explicitly with `tokenizer=`."
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(path: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+    if path.endswith(".gguf") and os.path.isfile(path):
+        return load_gguf_tokenizer(path)
+    return AutoTokenizer.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
+
+
+def load_gguf_tokenizer(gguf_path: str) -> PreTrainedTokenizerBase:
+    """Build the fast tokenizer a GGUF file describes, without loading the model.
+
+    Produces the same tokenizer as ``AutoTokenizer.from_pretrained(dir, gguf_file=name)``:
+    same backend, same special tokens (bos/eos/pad/unk), same ``add_bos_token`` flag
+    and the file's ``tokenizer.chat_template``.
+    """
+    try:
+        from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        # Older transformers (4.x) has a different converter API; its own loader is
+        # slower but equivalent, so fall back to it rather than duplicate that code.
+        logger.info("transformers has no GGUF tokenizer helpers; using AutoTokenizer (slow).")
+        return AutoTokenizer.from_pretrained(
+            os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
+        )
+
+    # One pass over the metadata: the reader keeps only the tokenizer string arrays.
+    architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(gguf_path)
+    if not tokenizer_dict.get("tokens"):
+        raise ValueError(
+            f"{gguf_path!r} has no tokenizer.ggml.tokens metadata; pass an HF tokenizer "
+            "directory with `tokenizer=`."
+        )
+    backend, extra_kwargs = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    kwargs: dict[str, Any] = {**tokenizer_config, **extra_kwargs}
+    # Keep a real name so error messages and reprs say where the tokenizer came from.
+    kwargs.setdefault("name_or_path", gguf_path)
+    return TokenizersBackend(tokenizer_object=backend, **kwargs)
+
+
+def apply_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    tokenize: bool = False,
+    chat_template: str | None = None,
+    **template_kwargs: Any,
+) -> str | list[int]:
+    """Render a conversation with the model's chat template.
+
+    Returns the prompt text, or its token ids when ``tokenize`` is true.  The ids are
+    the rendered text encoded without adding special tokens, because the template
+    already writes any BOS/role markers itself (adding them again would double BOS).
+    """
+    template = chat_template if chat_template is not None else tokenizer.chat_template
+    if not template:
+        raise ValueError(
+            f"The tokenizer of {tokenizer.name_or_path!r} has no chat template, so chat "
+            "messages cannot be turned into a prompt. Pass a Jinja template explicitly "
+            "(chat_template=...) or use plain-text completion instead."
+        )
+    text = tokenizer.apply_chat_template(
+        list(messages),
+        chat_template=template,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        **template_kwargs,
+    )
+    assert isinstance(text, str)
+    if not tokenize:
+        return text
+    return list(tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,258 @@
+"""Sampler: order of operations, each knob against a plain reference, seeded reproducibility."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minivllm.sample.logprobs import compute_prompt_logprobs
+from minivllm.sample.metadata import RequestSamplingState, SamplingMetadata
+from minivllm.sample.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
+from minivllm.sampling_params import SamplingParams
+
+VOCAB = 32
+
+
+def _run(
+    params: list[SamplingParams],
+    logits: torch.Tensor,
+    prompts: list[list[int]] | None = None,
+    outputs: list[list[int]] | None = None,
+):
+    states = [
+        RequestSamplingState.create(
+            p, prompts[i] if prompts else [0], output_token_ids=outputs[i] if outputs else ()
+        )
+        for i, p in enumerate(params)
+    ]
+    meta = SamplingMetadata.build(states, logits.shape[1])
+    return Sampler()(logits.clone(), meta), meta
+
+
+def test_greedy_is_argmax_and_leaves_input_alone() -> None:
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(0))
+    before = logits.clone()
+    states = [RequestSamplingState.create(SamplingParams(temperature=0), [1]) for _ in range(4)]
+    out = Sampler()(logits, SamplingMetadata.build(states, VOCAB))
+    assert torch.equal(out.sampled_token_ids, logits.argmax(-1))
+    assert out.sampled_token_ids.dtype == torch.int64 and out.logprobs is None
+    assert torch.equal(logits, before)
+
+
+def test_mixed_batch_greedy_rows_stay_greedy() -> None:
+    logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(1))
+    params = [SamplingParams(temperature=0 if i % 2 else 1.5) for i in range(6)]
+    out, _ = _run(params, logits)
+    for i in range(1, 6, 2):
+        assert out.sampled_token_ids[i] == logits[i].argmax()
+
+
+def test_logprobs_come_from_raw_logits() -> None:
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(2))
+    params = [
+        SamplingParams(temperature=0.5, logprobs=3, repetition_penalty=1.5, logit_bias={4: 9.0}),
+        SamplingParams(temperature=0, logprobs=1, presence_penalty=1.0),
+    ]
+    out, meta = _run(params, logits, prompts=[[4, 5], [6]], outputs=[[7], [8]])
+    raw = logits.log_softmax(-1)
+    lp = out.logprobs
+    assert lp is not None and lp.logprob_token_ids.shape == (2, 4)
+    assert torch.equal(lp.logprob_token_ids[:, 0], out.sampled_token_ids)
+    for row in range(2):
+        token = int(out.sampled_token_ids[row])
+        assert lp.logprobs[row, 0] == pytest.approx(float(raw[row, token]))
+        assert int(lp.selected_token_ranks[row]) == int((raw[row] >= raw[row, token]).sum())
+        top = raw[row].topk(3)
+        assert torch.equal(lp.logprob_token_ids[row, 1:], top.indices)
+        assert torch.allclose(lp.logprobs[row, 1:], top.values)
+    entries = lp.to_entries(meta.num_logprobs)
+    assert entries[0] is not None and len(entries[0][3]) == 3
+    assert entries[1] is not None and len(entries[1][3]) == 1  # trimmed to its own ask
+    assert lp.to_entries([None, 2])[0] is None
+
+
+def test_logprobs_full_vocab() -> None:
+    logits = torch.randn(1, VOCAB)
+    out, meta = _run([SamplingParams(logprobs=-1)], logits)
+    assert meta.max_num_logprobs == VOCAB
+    assert out.logprobs is not None and out.logprobs.logprobs.shape == (1, VOCAB + 1)
+
+
+def test_penalties_match_reference() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0]])
+    p = SamplingParams(
+        temperature=0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25
+    )
+    states = [RequestSamplingState.create(p, [0, 1], output_token_ids=[3, 3, 4])]
+    meta = SamplingMetadata.build(states, 6)
+    got = Sampler.apply_constraints(logits.clone(), meta)
+    got = apply_penalties(got, meta)
+    expected = logits.clone()
+    for t in (0, 1, 3, 4):  # seen in prompt or output -> repetition penalty
+        v = expected[0, t]
+        expected[0, t] = v / 2.0 if v > 0 else v * 2.0
+    expected[0, 3] -= 0.5 * 2 + 0.25
+    expected[0, 4] -= 0.5 * 1 + 0.25
+    assert torch.allclose(got, expected)
+
+
+def test_logit_bias_min_tokens_allowed_ids() -> None:
+    logits = torch.zeros(3, VOCAB)
+    logits[:, 2] = 5.0  # token 2 plays EOS and is the favourite
+    biased = SamplingParams(temperature=0, logit_bias={9: 10.0})
+    min_tok = SamplingParams(temperature=0, min_tokens=2)
+    min_tok.update_from_tokenizer(2)
+    allowed = SamplingParams(temperature=1.0, allowed_token_ids=[11, 12])
+    out, _ = _run([biased, min_tok, allowed], logits, outputs=[[], [5], []])
+    assert out.sampled_token_ids[0] == 9
+    assert out.sampled_token_ids[1] != 2  # one output token < min_tokens: EOS banned
+    assert int(out.sampled_token_ids[2]) in (11, 12)
+    out, _ = _run([min_tok], logits[:1], outputs=[[5, 6]])
+    assert out.sampled_token_ids[0] == 2  # min_tokens reached: EOS allowed again
+
+
+def _reference_top_k_top_p(row: list[float], k: int, p: float) -> set[int]:
+    order = sorted(range(len(row)), key=lambda i: -row[i])
+    kept = order[:k] if k < len(row) else order
+    kth = row[kept[-1]]
+    kept = [i for i in order if row[i] >= kth]  # ties at the k-th value survive
+    z = sum(math.exp(row[i]) for i in kept)
+    probs = {i: math.exp(row[i]) / z for i in kept}
+    # Ascending walk: drop tokens while the dropped mass stays <= 1 - p.
+    result = set(kept)
+    mass = 0.0
+    for i in sorted(kept, key=lambda j: row[j])[:-1]:
+        mass += probs[i]
+        if mass <= 1 - p + 1e-6:
+            result.discard(i)
+        else:
+            break
+    return result
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(-40, 40), min_size=8, max_size=8, unique=True),
+    st.integers(1, 8),
+    st.sampled_from([1.0, 0.95, 0.7, 0.3, 0.05]),
+)
+def test_top_k_top_p_against_reference(values: list[int], k: int, p: float) -> None:
+    row = [v / 10 for v in values]
+    logits = torch.tensor([row])
+    kept = apply_top_k_top_p(logits.clone(), torch.tensor([k]), torch.tensor([p]))
+    assert {i for i in range(8) if kept[0, i] > -math.inf} == _reference_top_k_top_p(row, k, p)
+    only_k = apply_top_k_top_p(logits.clone(), torch.tensor([k]), None)
+    assert {i for i in range(8) if only_k[0, i] > -math.inf} == _reference_top_k_top_p(row, k, 1.0)
+
+
+def test_top_k_disabled_rows_untouched() -> None:
+    logits = torch.randn(2, 10)
+    out = apply_top_k_top_p(logits.clone(), torch.tensor([10, 3]), None)
+    assert torch.equal(out[0], logits[0]) and int((out[1] > -math.inf).sum()) == 3
+
+
+def test_min_p() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    out = apply_min_p(probs.log(), torch.tensor([0.2]))
+    assert (out[0] > -math.inf).tolist() == [True, True, True, False]
+
+
+def test_exponential_race_follows_distribution() -> None:
+    torch.manual_seed(0)
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    n = 20000
+    logits = probs.log().expand(n, 4).contiguous()
+    out, _ = _run([SamplingParams()] * n, logits)
+    freq = torch.bincount(out.sampled_token_ids, minlength=4).float() / n
+    assert torch.allclose(freq, probs, atol=0.015)
+
+
+def test_truncation_is_respected_when_sampling() -> None:
+    torch.manual_seed(0)
+    logits = torch.linspace(0, 1, VOCAB).expand(500, VOCAB).contiguous()
+    out, _ = _run([SamplingParams(temperature=5.0, top_k=3)] * 500, logits)
+    assert set(out.sampled_token_ids.tolist()) == {VOCAB - 1, VOCAB - 2, VOCAB - 3}
+
+
+def _seeded_tokens(batch: list[SamplingParams], row: int, steps: int = 5) -> list[int]:
+    """Sample ``steps`` times from a batch and return ``row``'s tokens."""
+    states = [RequestSamplingState.create(p, [1, 2]) for p in batch]
+    logits = torch.zeros(len(batch), 1000)  # uniform: every token equally likely
+    tokens = []
+    for _ in range(steps):
+        out = Sampler()(logits.clone(), SamplingMetadata.build(states, 1000))
+        for state, token in zip(states, out.sampled_token_ids.tolist(), strict=True):
+            state.output_token_ids.append(token)
+        tokens.append(int(out.sampled_token_ids[row]))
+    return tokens
+
+
+def test_seeded_request_independent_of_batch() -> None:
+    seeded = SamplingParams(seed=1234)
+    alone = _seeded_tokens([seeded], 0)
+    torch.manual_seed(99)
+    crowded = _seeded_tokens(
+        [SamplingParams(), SamplingParams(seed=7), seeded, SamplingParams(temperature=0)], 2
+    )
+    assert alone == crowded
+    assert _seeded_tokens([SamplingParams(seed=1235)], 0) != alone
+
+
+def test_compute_prompt_logprobs() -> None:
+    logits = torch.randn(3, VOCAB)
+    targets = torch.tensor([4, 0, 31])
+    lp = compute_prompt_logprobs(logits, targets, 2)
+    raw = logits.log_softmax(-1)
+    assert torch.equal(lp.logprob_token_ids[:, 0], targets)
+    assert torch.allclose(lp.logprobs[:, 0], raw[torch.arange(3), targets])
+    assert lp.logprobs.shape == (3, 3)
+    assert compute_prompt_logprobs(logits, targets, 0).logprobs.shape == (3, 1)
+    assert compute_prompt_logprobs(logits, targets, -1).logprobs.shape == (3, VOCAB + 1)
+
+
+def test_tiny_top_p_keeps_the_top_token() -> None:
+    # 1 - 1e-9 rounds to 1.0 in float32, so every cumulative sum qualifies as "tail";
+    # the most likely token must survive anyway.
+    logits = torch.tensor([[0.1, 2.0, 0.3, 1.9]])
+    out = apply_top_k_top_p(logits.clone(), None, torch.tensor([1e-9]))
+    assert (out[0] > -math.inf).tolist() == [False, True, False, False]
+
+
+@pytest.mark.gpu
+def test_cuda_mixed_batch_and_seeded_rows() -> None:
+    device = torch.device("cuda")
+
+    def run(batch: list[SamplingParams], row: int) -> list[int]:
+        states = [RequestSamplingState.create(p, [1, 2], device=device) for p in batch]
+        tokens = []
+        for _ in range(3):
+            meta = SamplingMetadata.build(states, 1000, device)
+            out = Sampler()(torch.zeros(len(batch), 1000, device=device), meta)
+            assert out.sampled_token_ids.device.type == "cuda"
+            for state, token in zip(states, out.sampled_token_ids.tolist(), strict=True):
+                state.output_token_ids.append(token)
+            tokens.append(int(out.sampled_token_ids[row]))
+        return tokens
+
+    seeded = SamplingParams(seed=5, top_p=0.9, repetition_penalty=1.1, logprobs=2)
+    crowd = [SamplingParams(temperature=0), SamplingParams(top_k=4, min_p=0.1), seeded]
+    assert run([seeded], 0) == run(crowd, 2)
+
+
+def test_metadata_skips_unused_knobs_and_accepts_worker_state() -> None:
+    from types import SimpleNamespace
+
+    worker_state = SimpleNamespace(
+        sampling_params=SamplingParams(), prompt_token_ids=[1], output_token_ids=[], generator=None
+    )
+    meta = SamplingMetadata.build([worker_state], VOCAB)
+    assert meta.top_k is None and meta.top_p is None and meta.min_p is None
+    assert meta.no_penalties and meta.logit_bias is None and meta.disallowed_mask is None
+    assert meta.max_num_logprobs is None and meta.all_random and not meta.all_greedy
+    # A seeded but greedy request never consumes its generator.
+    greedy_seeded = RequestSamplingState.create(SamplingParams(temperature=0, seed=3), [1])
+    assert greedy_seeded.generator is None

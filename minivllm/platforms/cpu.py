@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from minivllm.platforms.interface import Platform, PlatformEnum
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
 
 
 class CpuPlatform(Platform):
-    """Runs models on the host CPU."""
+    """Runs models on the host CPU.
+
+    There is no static graph mode here, so `VllmConfig` resolves every
+    ``cudagraph_mode`` to NONE on this platform; torch.compile (VLLM_COMPILE with
+    Inductor) still works.
+    """
 
     _enum = PlatformEnum.CPU
     device_name = "cpu"
     device_type = "cpu"
     dispatch_key = "CPU"
+
+    def check_and_update_config(self, vllm_config: VllmConfig) -> None:
+        super().check_and_update_config(vllm_config)
+        device_config = getattr(vllm_config, "device_config", None)
+        device_type = getattr(device_config, "device_type", None)
+        if device_type not in (None, "", "cpu"):
+            raise ValueError(
+                f"device {device_type!r} was requested but the current platform is the CPU; "
+                "use --device cpu (or auto), or run on a machine with that device."
+            )
+        model_config = vllm_config.model_config
+        # Cascade attention is a GPU kernel optimisation; the CPU attention backend
+        # has no cascade path, so never plan for one.
+        if (
+            model_config is not None
+            and getattr(model_config, "disable_cascade_attn", True) is False
+        ):
+            model_config.disable_cascade_attn = True

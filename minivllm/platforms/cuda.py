@@ -7,7 +7,19 @@ configuration can be resolved as a given GPU would resolve it, without the GPU
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from minivllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
+
+MAX_CUDA_BLOCK_SIZE = 32
+"""The paged-attention kernels on CUDA support KV cache blocks of at most this many tokens."""
+
+DATA_CENTER_BLACKWELL_MAX_CAPTURE_SIZE = 1024
+"""Default largest CUDA graph capture size on SM 10.x (B200/GB200/B300): these parts
+have the memory and SM count to profit from graphs of twice the usual width."""
 
 
 class CudaPlatform(Platform):
@@ -36,3 +48,33 @@ class CudaPlatform(Platform):
 
     def support_hybrid_kv_cache(self) -> bool:
         return True
+
+    def default_max_cudagraph_capture_size(self) -> int:
+        # Data-center Blackwell (the SM 10.x family) gets the wider default ceiling.
+        if self.is_device_capability_family(100):
+            return DATA_CENTER_BLACKWELL_MAX_CAPTURE_SIZE
+        return super().default_max_cudagraph_capture_size()
+
+    def check_and_update_config(self, vllm_config: VllmConfig) -> None:
+        super().check_and_update_config(vllm_config)
+        block_size = getattr(vllm_config.cache_config, "block_size", None)
+        if block_size is not None and block_size > MAX_CUDA_BLOCK_SIZE:
+            raise ValueError(
+                f"block_size={block_size} is not supported on CUDA, whose attention kernels "
+                f"take blocks of at most {MAX_CUDA_BLOCK_SIZE} tokens; set --block-size to "
+                f"{MAX_CUDA_BLOCK_SIZE} or less (or leave it unset)."
+            )
+        self._check_dtype(vllm_config)
+
+    def _check_dtype(self, vllm_config: VllmConfig) -> None:
+        """bfloat16 needs compute capability 8.0 (Ampere) or newer."""
+        model_config = vllm_config.model_config
+        capability = self.get_device_capability()
+        if model_config is None or capability is None:
+            return
+        dtype = getattr(model_config, "dtype", None)
+        if str(dtype).removeprefix("torch.") == "bfloat16" and capability < (8, 0):
+            raise ValueError(
+                f"bfloat16 needs a GPU of compute capability 8.0 or newer, but this one is "
+                f"{capability.as_version_str()}; use --dtype float16."
+            )

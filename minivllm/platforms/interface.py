@@ -108,11 +108,32 @@ class Platform:
     def get_default_block_size(self) -> int:
         return 16
 
+    def supports_async_scheduling(self, executor_backend: str | None) -> bool:
+        """Whether the engine can overlap scheduling with execution under ``executor_backend``.
+
+        ``external_launcher`` (torchrun-style SPMD) steps every rank in lockstep with
+        the caller, so there is nothing to overlap with.
+        """
+        return executor_backend != "external_launcher"
+
     def apply_config_platform_defaults(self, vllm_config: VllmConfig) -> None:
-        """Fill platform-specific defaults into fields the user left unset."""
+        """Fill platform-specific defaults into fields the user left unset.
+
+        Called from `VllmConfig.__post_init__` before the compilation mode and the
+        optimization-level defaults are resolved, so anything set here wins over them.
+        """
 
     def check_and_update_config(self, vllm_config: VllmConfig) -> None:
-        """Adjust a configuration to what this platform can run (called from post-init)."""
+        """Adjust a configuration to what this platform can run (called from post-init).
+
+        Runs after static-graph support and capture sizes are resolved; raise
+        `ValueError` for what cannot run here.  The base version gives the KV cache
+        its block size when the user left it unset (CacheConfig has no static default
+        for it); subclasses call it first.
+        """
+        cache_config = getattr(vllm_config, "cache_config", None)
+        if cache_config is not None and getattr(cache_config, "block_size", 0) is None:
+            cache_config.block_size = self.get_default_block_size()
 
     def __repr__(self) -> str:
         cap = self.get_device_capability()

@@ -1,0 +1,339 @@
+"""The named resolution rules that `VllmConfig.__post_init__` applies, in order.
+
+Each rule reads and updates one `VllmConfig` in place; `VllmConfig.__post_init__`
+runs each inside a provenance step so ``--explain`` can say which rule set a field.
+The order follows the seed (vLLM's ``VllmConfig.__post_init__``).
+
+Rules of the seed that are NOT here, because they need a subsystem minivllm does
+not have and the config that would switch it on cannot be set (its sub-config's
+``check_supported`` raises `ValueError`, which `VllmConfig` calls first):
+
+- speculative decoding: dynamic-SD cudagraph override and DP fallback,
+  ``_set_max_num_scheduled_tokens``, async scheduling per SD method, cascade
+  attention off with async SD, EAGLE with fast prefill or chunked local
+  attention, DFlash/DSpark runner checks, adaptive verification;
+- LoRA: ``verify_with_model_config``;
+- KV transfer / connectors / NIXL / EC transfer / KV events: NIXL DCP asserts,
+  connector-requires-PIECEWISE, HMA support of connectors, kv_offloading-derived
+  connectors, ``_verify_kv_transfer_compat``, the KV-events warnings;
+- DBO / micro-batching, DeepEP and MoonEP all2all backends, EPLB (MoE);
+- multimodal encoders: encoder-only instances, mm processor / video devices,
+  encoder CUDA graphs, ``language_model_only``, ``torch_shm``;
+- Mamba / ReplaySSM / RecoverSSM, engram, HiSparse, diffusion scheduler,
+  watermarking, reasoning token ids, aux outputs;
+- Model Runner V2 (its stock-torch.compile graph rule and unsupported list),
+  sampling and trace replay (V2 only), the Proton profiler checks;
+- breakable CUDA graphs auto-enabled per architecture or for batch invariance
+  (an explicit ``use_breakable_cudagraph=True`` is still honoured), DeepGEMM,
+  VLLM_BATCH_INVARIANT, NCCL graph registration for the cuMem pool, Whisper,
+  weight untying for sharded loads, and the per-architecture hooks of
+  MODELS_CONFIG_MAP (minivllm's models need none).
+
+Rules reading pipeline / data / context parallel sizes are kept although
+`ParallelConfig` currently refuses sizes above 1.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from minivllm import envs
+from minivllm.config.compilation_modes import CompilationMode, CUDAGraphMode
+from minivllm.config.optimization import OptimizationLevel
+from minivllm.logger import init_logger
+from minivllm.platforms import current_platform
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
+
+logger = init_logger(__name__)
+
+
+def resolve_async_scheduling(cfg: VllmConfig) -> None:
+    """Default ``async_scheduling`` on unless something cannot overlap; reject an
+    explicit True that cannot work."""
+    sched = cfg.scheduler_config
+    backend = getattr(cfg.parallel_config, "distributed_executor_backend", None)
+    executor_ok = current_platform.supports_async_scheduling(backend)
+    if sched.async_scheduling:
+        if not executor_ok:
+            raise ValueError(
+                f"the {backend!r} executor does not support async scheduling; "
+                "use --no-async-scheduling or another --distributed-executor-backend."
+            )
+        return
+    if sched.async_scheduling is not None:
+        return
+    model = cfg.model_config
+    if model is not None and getattr(model, "runner_type", "generate") == "pooling":
+        # Overlap only helps decode loops; pooling requests finish in one step.
+        sched.async_scheduling = False
+    elif not executor_ok:
+        logger.warning("Async scheduling is off: the %r executor does not support it.", backend)
+        sched.async_scheduling = False
+    elif cfg.parallel_config.pipeline_parallel_size > 1 and not cfg.use_v2_model_runner:
+        logger.warning("Async scheduling is off: it does not combine with pipeline parallelism.")
+        sched.async_scheduling = False
+    else:
+        sched.async_scheduling = True
+
+
+def resolve_nccl_for_dp_sync(cfg: VllmConfig) -> None:
+    """With async scheduling, DP ranks synchronise over a CPU group instead of NCCL."""
+    parallel = cfg.parallel_config
+    if getattr(parallel, "disable_nccl_for_dp_synchronization", False) is None:
+        parallel.disable_nccl_for_dp_synchronization = bool(cfg.scheduler_config.async_scheduling)
+
+
+def apply_enforce_eager(cfg: VllmConfig) -> None:
+    """``enforce_eager``: no torch.compile, no CUDA graphs, no JIT kernel warm-up."""
+    model = cfg.model_config
+    if model is None or not getattr(model, "enforce_eager", False):
+        return
+    cfg.compilation_config.mode = CompilationMode.NONE
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+    kernel = cfg.kernel_config
+    # Fault tolerance keeps the warm-up: JIT compiles mid-inference would delay
+    # the detection of failed peers past its deadline.
+    if not getattr(cfg.parallel_config, "enable_fault_tolerance", False) and hasattr(
+        kernel, "enable_jit_warmup"
+    ):
+        kernel.enable_jit_warmup = False
+    logger.warning(
+        "enforce_eager is set: torch.compile and CUDA graphs are off "
+        "(the same as -cc.mode=none -cc.cudagraph_mode=none)."
+    )
+
+
+def apply_torch_compile_disable(cfg: VllmConfig) -> None:
+    """``TORCH_COMPILE_DISABLE=1`` turns compilation off, as PyTorch itself would."""
+    if envs.torch_compile_disable():
+        logger.warning("TORCH_COMPILE_DISABLE is set: compilation mode set to NONE.")
+        cfg.compilation_config.mode = CompilationMode.NONE
+
+
+def breakable_cudagraph_enabled(cfg: VllmConfig) -> bool:
+    """Breakable CUDA graphs replace compilation: their mode is NONE."""
+    enabled = getattr(cfg.compilation_config, "use_breakable_cudagraph", None) is True
+    if enabled:
+        cfg.compilation_config.mode = CompilationMode.NONE
+    return enabled
+
+
+def default_compilation_mode(cfg: VllmConfig) -> None:
+    """An unset mode is VLLM_COMPILE above -O0 and NONE at -O0."""
+    cc = cfg.compilation_config
+    if cc.mode is None:
+        above_o0 = cfg.optimization_level > OptimizationLevel.O0
+        cc.mode = CompilationMode.VLLM_COMPILE if above_o0 else CompilationMode.NONE
+
+
+def default_ir_torch_wrap(cfg: VllmConfig) -> None:
+    """Torch wrapping of IR ops is only needed for the custom Inductor lowering."""
+    cc = cfg.compilation_config
+    if getattr(cc, "ir_enable_torch_wrap", False) is None:
+        cc.ir_enable_torch_wrap = (
+            cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"
+        )
+
+
+def default_custom_ops(cfg: VllmConfig) -> None:
+    """With Inductor compiling, plain torch ops fuse better than custom kernels, so the
+    base mode is 'none'; otherwise 'all' custom kernels are used."""
+    cc = cfg.compilation_config
+    if "all" in cc.custom_ops or "none" in cc.custom_ops:
+        return
+    inductor = cc.backend == "inductor" and cc.mode != CompilationMode.NONE
+    cc.custom_ops.append("none" if inductor else "all")
+
+
+def warn_inductor_disabled(cfg: VllmConfig, breakable: bool) -> None:
+    cc = cfg.compilation_config
+    if not breakable and (
+        cc.backend == "eager" or (cc.mode is not None and cc.mode != CompilationMode.VLLM_COMPILE)
+    ):
+        logger.info("Inductor compilation is off: Inductor-only optimizations are ignored.")
+
+
+def normalize_piecewise_cudagraph_mode(cfg: VllmConfig, breakable: bool) -> None:
+    """Piecewise graphs need VLLM_COMPILE's split graph; otherwise drop the piecewise part
+    (FULL_AND_PIECEWISE -> FULL_DECODE_ONLY, PIECEWISE -> NONE)."""
+    cc = cfg.compilation_config
+    if (
+        cc.cudagraph_mode.requires_piecewise_compilation()
+        and cc.mode != CompilationMode.VLLM_COMPILE
+        and not breakable
+    ):
+        fallback = cc.cudagraph_mode.without_piecewise()
+        logger.info(
+            "cudagraph_mode %s needs compilation mode VLLM_COMPILE, not %s; using %s.",
+            cc.cudagraph_mode,
+            cc.mode.name,
+            fallback,
+        )
+        cc.cudagraph_mode = fallback
+        if fallback == CUDAGraphMode.NONE:
+            cc.max_cudagraph_capture_size = 0
+            cc.cudagraph_capture_sizes = []
+
+
+def resolve_fast_moe_cold_start(cfg: VllmConfig) -> None:
+    """torch >= 2.11 hoists opaque objects, which supersedes fast MoE cold start."""
+    cc = cfg.compilation_config
+    if not hasattr(cc, "fast_moe_cold_start"):
+        return
+    if _torch_at_least(2, 11):
+        cc.fast_moe_cold_start = False
+    elif cc.fast_moe_cold_start is None:
+        # Unsafe when a draft model has MoE layers; no drafts exist in minivllm.
+        cc.fast_moe_cold_start = cfg.speculative_config is None
+
+
+def _torch_at_least(major: int, minor: int) -> bool:
+    import torch
+
+    parts = torch.__version__.split("+")[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (major, minor)
+    except (IndexError, ValueError):
+        return True
+
+
+def adjust_cudagraph_mode_for_model(cfg: VllmConfig) -> None:
+    """Pooling models cannot use full graphs; encoder-decoder models only full decode."""
+    model = cfg.model_config
+    cc = cfg.compilation_config
+    if model is None:
+        return
+    if cc.cudagraph_mode.has_full_cudagraphs() and getattr(model, "pooler_config", None):
+        logger.warning("Pooling models do not support full CUDA graphs; using PIECEWISE.")
+        cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    elif getattr(model, "is_encoder_decoder", False) and cc.cudagraph_mode not in (
+        CUDAGraphMode.NONE,
+        CUDAGraphMode.FULL_DECODE_ONLY,
+    ):
+        logger.info("Encoder-decoder models only support FULL_DECODE_ONLY CUDA graphs.")
+        cc.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+
+
+def apply_eager_cudagraphs(cfg: VllmConfig) -> None:
+    """Under enforce_eager no graph is captured; otherwise each graph warms up once."""
+    cc = cfg.compilation_config
+    model = cfg.model_config
+    if model is not None and getattr(model, "enforce_eager", False):
+        cc.cudagraph_mode = CUDAGraphMode.NONE
+        cc.max_cudagraph_capture_size = 0
+        cc.cudagraph_capture_sizes = []
+    else:
+        cc.cudagraph_num_of_warmups = 1
+
+
+def disable_static_graphs(cfg: VllmConfig) -> None:
+    """A platform without static graphs captures nothing."""
+    cc = cfg.compilation_config
+    cc.cudagraph_mode = CUDAGraphMode.NONE
+    cc.max_cudagraph_capture_size = 0
+    cc.cudagraph_capture_sizes = []
+    cc.post_init_cudagraph_sizes()
+
+
+def validate_model_runner(cfg: VllmConfig) -> None:
+    """Features the (V1-style) model runner of minivllm cannot run."""
+    parallel = cfg.parallel_config
+    unsupported: list[str] = []
+    if getattr(parallel, "prefill_context_parallel_size", 1) > 1:
+        unsupported.append("prefill context parallel")
+    if parallel.pipeline_parallel_size > 1 and cfg.scheduler_config.async_scheduling:
+        unsupported.append("pipeline parallelism with async scheduling")
+    if getattr(parallel, "enable_batch_sharded_sampling", False):
+        unsupported.append("batch-sharded sampling")
+    if unsupported:
+        raise ValueError(
+            f"the model runner does not support {', '.join(unsupported)}; turn "
+            "these off (e.g. --no-async-scheduling with pipeline parallelism)."
+        )
+
+
+def check_final_cudagraph_mode(cfg: VllmConfig, breakable: bool) -> None:
+    """Last consistency check of the graph mode on CUDA."""
+    if not current_platform.is_cuda_alike():
+        return
+    cc = cfg.compilation_config
+    model = cfg.model_config
+    if (
+        cc.cudagraph_mode.has_full_cudagraphs()
+        and not cc.cudagraph_mode.has_piecewise_cudagraphs()
+        and model is not None
+        and not getattr(model, "disable_cascade_attn", True)
+    ):
+        logger.warning(
+            "No piecewise CUDA graph for cascade attention: batches that use it run eagerly."
+        )
+    assert not cc.cudagraph_mode.requires_piecewise_compilation() or (
+        cc.mode == CompilationMode.VLLM_COMPILE or breakable
+    ), f"piecewise cudagraph_mode {cc.cudagraph_mode} left without VLLM_COMPILE"
+
+
+def resolve_hybrid_kv_cache_manager(cfg: VllmConfig) -> None:
+    """The hybrid KV cache manager is used unless the platform or the model rules it out;
+    an explicit request for it that cannot be honoured is an error."""
+    need_disable = not current_platform.support_hybrid_kv_cache()
+    model = cfg.model_config
+    if model is not None and getattr(model, "attention_chunk_size", None) is not None:
+        # Chunked local attention regresses with the hybrid manager.
+        logger.warning("Chunked local attention: the hybrid KV cache manager is turned off.")
+        need_disable = True
+    sched = cfg.scheduler_config
+    if sched.disable_hybrid_kv_cache_manager is None:
+        sched.disable_hybrid_kv_cache_manager = need_disable
+    elif sched.disable_hybrid_kv_cache_manager is False and need_disable:
+        raise ValueError(
+            "the hybrid KV cache manager was explicitly enabled but cannot be used here "
+            f"(platform {current_platform!r}, or chunked local attention); drop "
+            "--no-disable-hybrid-kv-cache-manager and let minivllm decide."
+        )
+
+
+def absolutize_debug_dump_path(cfg: VllmConfig) -> None:
+    cc = cfg.compilation_config
+    if cc.debug_dump_path:
+        cc.debug_dump_path = Path(os.path.expanduser(cc.debug_dump_path)).absolute()
+
+
+def warn_turing_fp32(cfg: VllmConfig) -> None:
+    model = cfg.model_config
+    if (
+        model is not None
+        and getattr(cfg.scheduler_config, "enable_chunked_prefill", False)
+        and str(getattr(model, "dtype", "")).endswith("float32")
+        and current_platform.get_device_capability() == (7, 5)
+    ):
+        logger.warning(
+            "Turing tensor cores have no float32 matmul; chunked prefill kernels use "
+            "'ieee' input precision."
+        )
+
+
+__all__ = [
+    "absolutize_debug_dump_path",
+    "adjust_cudagraph_mode_for_model",
+    "apply_eager_cudagraphs",
+    "apply_enforce_eager",
+    "apply_torch_compile_disable",
+    "breakable_cudagraph_enabled",
+    "check_final_cudagraph_mode",
+    "default_compilation_mode",
+    "default_custom_ops",
+    "default_ir_torch_wrap",
+    "disable_static_graphs",
+    "normalize_piecewise_cudagraph_mode",
+    "resolve_async_scheduling",
+    "resolve_fast_moe_cold_start",
+    "resolve_hybrid_kv_cache_manager",
+    "resolve_nccl_for_dp_sync",
+    "validate_model_runner",
+    "warn_inductor_disabled",
+    "warn_turing_fp32",
+]

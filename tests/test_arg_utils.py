@@ -1,0 +1,466 @@
+"""Engine arguments: flags/JSON/YAML -> configs, precedence, and user-set tracking.
+
+The first half drives the generic machinery with small stand-in config classes
+(so it does not depend on any particular field of the real configs); the second
+half checks the real `EngineArgs` -> `VllmConfig` mapping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import enum
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import Field
+
+from minivllm.config.utils import config
+from minivllm.engine.arg_parsing import deep_merge
+from minivllm.engine.cli_parser import FlexibleArgumentParser
+from minivllm.engine.config_args import ConfigTarget, EngineArgsBase, engine_args_class
+
+
+# ----------------------------------------------------------------------------
+# Stand-in configs
+# ----------------------------------------------------------------------------
+class StubLevel(enum.IntEnum):
+    """Stand-in optimization level."""
+
+    O0 = 0
+    O1 = 1
+    O2 = 2
+    O3 = 3
+
+
+class StubGraphMode(enum.Enum):
+    """Stand-in CUDA graph mode."""
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+
+
+@config
+class StubModel:
+    """Stand-in model config."""
+
+    model: str | None = None
+    """Model name or path."""
+    max_model_len: int | None = None
+    """Context length."""
+    enforce_eager: bool = False
+    """Never compile or capture graphs."""
+
+    def __post_init__(self) -> None:
+        if self.max_model_len is None:  # resolved from the model, as the real config does
+            self.max_model_len = 4096
+
+
+@config
+class StubCache:
+    """Stand-in cache config."""
+
+    block_size: Literal[8, 16, 32] | None = None
+    """Tokens per block (100% of them)."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of memory for the model and KV cache."""
+    cache_dtype: Literal["auto", "fp8"] = "auto"
+    """KV cache data type."""
+    enable_prefix_caching: bool | None = None
+    """Reuse cached prefixes."""
+
+
+@config
+class StubScheduler:
+    """Stand-in scheduler config."""
+
+    max_num_seqs: int = 128
+    """Most sequences per step."""
+    max_model_len: int = 2048
+    """Copied from the model config."""
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    """Scheduling policy."""
+    stop_ids: list[int] = Field(default_factory=list)
+    """A list-valued knob."""
+
+
+@config
+class StubPass:
+    """Stand-in pass config."""
+
+    fuse_norm_quant: bool | None = None
+    """Fuse norm and quant."""
+
+
+@config
+class StubCompilation:
+    """Stand-in compilation config."""
+
+    mode: int | None = None
+    """Compilation mode."""
+    cudagraph_mode: StubGraphMode | None = None
+    """Graph mode."""
+    cudagraph_capture_sizes: list[int] | None = None
+    """Capture sizes."""
+    backend: str = ""
+    """Backend name."""
+    pass_config: StubPass = Field(default_factory=StubPass)
+    """Passes."""
+
+
+@config
+class StubRoot:
+    """Stand-in root config."""
+
+    model_config: StubModel = None  # type: ignore[assignment]
+    """Model."""
+    cache_config: StubCache = Field(default_factory=StubCache)
+    """Cache."""
+    scheduler_config: StubScheduler = Field(default_factory=StubScheduler)
+    """Scheduler."""
+    compilation_config: StubCompilation = Field(default_factory=StubCompilation)
+    """Compilation."""
+    optimization_level: StubLevel = StubLevel.O2
+    """Level."""
+    performance_mode: Literal["balanced", "interactivity", "throughput"] = "balanced"
+    """Mode."""
+
+
+STUB_TARGETS = [
+    ConfigTarget("model_config", StubModel),
+    ConfigTarget("cache_config", StubCache, renames={"cache_dtype": "kv_cache_dtype"}),
+    ConfigTarget("scheduler_config", StubScheduler, renames={"policy": "scheduling_policy"}),
+    ConfigTarget(
+        "",
+        StubRoot,
+        only=frozenset({"compilation_config", "optimization_level", "performance_mode"}),
+    ),
+]
+
+
+@engine_args_class(
+    StubRoot, STUB_TARGETS, aliases={"optimization_level": ["-O"], "compilation_config": ["-cc"]}
+)
+class StubArgs(EngineArgsBase):
+    """Engine arguments over the stand-ins."""
+
+    def _build_root(self, kwargs: dict[str, Any], user_paths: set[str]) -> Any:
+        root = super()._build_root(kwargs, user_paths)
+        root.user_paths = user_paths  # what the real VllmConfig would hand to its Provenance
+        return root
+
+
+def parse(argv: list[str]) -> StubArgs:
+    parser = StubArgs.add_cli_args(FlexibleArgumentParser(prog="t"))
+    return StubArgs.from_cli_args(parser.parse_args(argv))
+
+
+def parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        parse(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # exactly one line
+    return err
+
+
+# ----------------------------------------------------------------------------
+# Generic machinery on stand-ins
+# ----------------------------------------------------------------------------
+def test_fields_derived_from_configs_with_renames_and_defaults() -> None:
+    args = StubArgs()
+    assert args.gpu_memory_utilization == 0.9
+    assert args.kv_cache_dtype == "auto" and not hasattr(args, "cache_dtype")
+    assert args.scheduling_policy == "fcfs"
+    assert args.stop_ids == [] and args.stop_ids is not StubArgs().stop_ids
+    assert args.optimization_level is StubLevel.O2
+    # a shared field is one argument, owned by the first config
+    assert [s.arg_name for s in StubArgs._specs].count("max_model_len") == 1
+
+
+def test_help_comes_from_field_docstrings() -> None:
+    help_text = StubArgs.add_cli_args(FlexibleArgumentParser(prog="t")).format_help()
+    text = " ".join(help_text.split())  # undo argparse's line wrapping
+    assert "Fraction of memory for the model and KV cache. (default: 0.9)" in text
+    assert "--enable-prefix-caching, --no-enable-prefix-caching" in text
+    assert "--optimization-level {0,1,2,3}, -O {0,1,2,3} Level. (default: O2)" in text
+    assert "100% of them" in text  # '%' survives argparse formatting
+
+
+def test_scalar_flags_map_to_config_fields() -> None:
+    args = parse(
+        "--block-size 32 --gpu-memory-utilization 0.5 --kv-cache-dtype fp8 --max-num-seqs 4 "
+        "--enforce-eager --no-enable-prefix-caching --scheduling-policy priority "
+        "--max_model_len 1024 --stop-ids 1 2 --performance-mode throughput".split()
+    )
+    cfg = args.create_engine_config()
+    assert cfg.cache_config.block_size == 32
+    assert cfg.cache_config.gpu_memory_utilization == 0.5
+    assert cfg.cache_config.cache_dtype == "fp8"
+    assert cfg.cache_config.enable_prefix_caching is False
+    assert cfg.model_config.enforce_eager is True
+    assert cfg.scheduler_config.max_num_seqs == 4 and cfg.scheduler_config.policy == "priority"
+    assert cfg.scheduler_config.stop_ids == [1, 2]
+    # the scheduler receives the model config's value of the shared field
+    assert cfg.model_config.max_model_len == cfg.scheduler_config.max_model_len == 1024
+    assert cfg.performance_mode == "throughput"
+
+
+@pytest.mark.parametrize(
+    "argv", [["-O0"], ["-O", "0"], ["--optimization-level", "0"], ["-O=O0"], ["-Oo0"]]
+)
+def test_optimization_level_spellings(argv: list[str]) -> None:
+    assert parse(argv).optimization_level is StubLevel.O0
+
+
+def test_compilation_config_forms_merge_in_order() -> None:
+    args = parse(
+        [
+            "-cc",
+            '{"mode": 1, "backend": "eager", "pass_config": {"fuse_norm_quant": false}}',
+            "-cc.mode=3",
+            "--compilation-config.cudagraph_capture_sizes",
+            "[1, 2, 4]",
+            "-cc.pass_config.fuse_norm_quant=true",
+            "--compilation_config.backend=inductor",
+            "-cc.cudagraph_mode=PIECEWISE",
+        ]
+    )
+    assert args.compilation_config == {
+        "mode": 3,
+        "backend": "inductor",
+        "cudagraph_capture_sizes": [1, 2, 4],
+        "pass_config": {"fuse_norm_quant": True},
+        "cudagraph_mode": "PIECEWISE",
+    }
+
+
+def test_later_json_merges_over_earlier_dotted() -> None:
+    args = parse(["-cc.mode=3", "-cc.backend=eager", "--compilation-config", '{"mode": 0}'])
+    assert args.compilation_config == {"mode": 0, "backend": "eager"}
+
+
+def test_user_set_paths() -> None:
+    args = parse(
+        ["--block-size", "16", "-O1", "-cc.mode=3", "-cc.pass_config.fuse_norm_quant=true"]
+        + ["--max-model-len", "512", "--kv-cache-dtype", "auto"]
+    )
+    assert args.user_set_paths() == {
+        "cache_config.block_size",
+        "cache_config.cache_dtype",  # given explicitly, even though it equals the default
+        "optimization_level",
+        "compilation_config.mode",
+        "compilation_config.pass_config.fuse_norm_quant",
+        "model_config.max_model_len",
+        "scheduler_config.max_model_len",
+    }
+    assert args.create_engine_config().user_paths == args.user_set_paths()
+    assert parse([]).user_set_paths() == set()
+
+
+def test_user_set_paths_from_python_construction() -> None:
+    args = StubArgs(max_num_seqs=8, compilation_config=StubCompilation(backend="eager"))
+    assert args.user_set_paths() == {
+        "scheduler_config.max_num_seqs",
+        "compilation_config.backend",
+    }
+    assert args.create_engine_config().compilation_config.backend == "eager"
+    # None means "not given" for a nested config, as it does on the command line
+    none = StubArgs(compilation_config=None)  # type: ignore[arg-type]
+    assert none.user_set_paths() == set()
+    assert none.create_engine_config().compilation_config == StubCompilation()
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_config_file_keys_and_precedence(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "block-size: 8\nmax_num_seqs: 3\nenforce_eager: true\nenable_prefix_caching: false\n"
+        "stop_ids: [5, 6]\ncompilation_config:\n  mode: 1\n  backend: eager\n"
+        "optimization_level: 1\n",
+    )
+    args = parse(["--max-num-seqs", "9", "--config", path, "-cc.mode=3"])
+    assert args.block_size == 8 and args.enforce_eager is True
+    assert args.enable_prefix_caching is False and args.stop_ids == [5, 6]
+    assert args.max_num_seqs == 9  # the explicit flag wins even when given before --config
+    assert args.compilation_config == {"mode": 3, "backend": "eager"}
+    assert args.optimization_level is StubLevel.O1
+    assert "cache_config.block_size" in args.user_set_paths()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--kv-cache-dtype", "fp4"], "--kv-cache-dtype: invalid choice: 'fp4' (choose from"),
+        (["--block-size", "12"], "--block-size: invalid choice: 12"),
+        (["--max-num-seqs", "many"], "--max-num-seqs: invalid int value"),
+        (["-O7"], "invalid choice '7' (choose from 0 (O0)"),
+        (["-cc", "{mode: 3"], "--compilation-config/-cc: invalid JSON"),
+        (["-cc", "[1]"], "expected a JSON object"),
+        (["-cc.modee=3"], "unknown key 'modee' for --compilation-config/-cc (did you mean 'mode'"),
+        (["-cc.pass_config.fuse=1"], "unknown key 'pass_config.fuse'"),
+        (["--config", "/nonexistent.yaml"], "--config: file '/nonexistent.yaml' not found"),
+        (["--max-num-seq", "3"], "did you mean --max-num-seqs"),
+        (["-cc.mode"], "-cc.mode: expected a value"),
+    ],
+)
+def test_bad_values_exit_2_with_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = parse_error(argv, capsys)
+    assert needle in err, err
+    assert "Traceback" not in err and "usage:" not in err
+
+
+def test_bad_config_file_entries(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "unknown key 'blocksize'" in parse_error(
+        ["--config", write(tmp_path, "blocksize: 8\n")], capsys
+    )
+    assert "must hold a mapping" in parse_error(["--config", write(tmp_path, "- 1\n")], capsys)
+    assert "expected true or false" in parse_error(
+        ["--config", write(tmp_path, "enforce_eager: maybe\n")], capsys
+    )
+
+
+def test_validation_error_names_the_flag() -> None:
+    with pytest.raises(ValueError, match=r"^--gpu-memory-utilization: Input should be less"):
+        parse(["--gpu-memory-utilization", "1.5"]).create_engine_config()
+    with pytest.raises(ValueError, match=r"^-cc\.pass_config\.fuse_norm_quant: Input should be"):
+        parse(["-cc.pass_config.fuse_norm_quant=sometimes"]).create_engine_config()
+
+
+def test_plain_argparse_parser_still_works() -> None:
+    parser = StubArgs.add_cli_args(argparse.ArgumentParser())
+    args = StubArgs.from_cli_args(parser.parse_args(["--block-size", "8", "-cc", '{"mode": 3}']))
+    assert args.block_size == 8 and args.compilation_config == {"mode": 3}
+    assert args.user_set_paths() == {"cache_config.block_size", "compilation_config.mode"}
+
+
+json_leaf = st.one_of(st.integers(0, 9), st.booleans(), st.none())
+keys = st.sampled_from(["a", "b", "c"])
+json_dict = st.recursive(
+    st.dictionaries(keys, json_leaf, max_size=3),
+    lambda inner: st.dictionaries(keys, inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(json_dict, json_dict)
+def test_deep_merge_later_wins_and_keeps_the_rest(a: dict[str, Any], b: dict[str, Any]) -> None:
+    before = copy.deepcopy(a)
+    merged = deep_merge(a, b)
+    assert a == before  # the earlier piece is not mutated
+    assert set(merged) == set(a) | set(b)
+    for key, value in b.items():
+        if isinstance(value, dict) and isinstance(a.get(key), dict):
+            assert merged[key] == deep_merge(a[key], value)
+        else:
+            assert merged[key] == value
+    for key in set(a) - set(b):
+        assert merged[key] == a[key]
+
+
+# ----------------------------------------------------------------------------
+# The real EngineArgs -> VllmConfig
+# ----------------------------------------------------------------------------
+ISSUE_FIELDS = """model tokenizer dtype max_model_len seed enforce_eager skip_tokenizer_init
+block_size gpu_memory_utilization swap_space kv_cache_dtype enable_prefix_caching
+prefix_caching_hash_algo cpu_offload_gb calculate_kv_scales kv_cache_memory_bytes
+num_gpu_blocks_override max_num_seqs max_num_batched_tokens enable_chunked_prefill
+async_scheduling scheduling_policy tensor_parallel_size pipeline_parallel_size
+data_parallel_size distributed_executor_backend device load_format optimization_level
+performance_mode compilation_config""".split()
+
+
+def real_parser() -> argparse.ArgumentParser:
+    from minivllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs.add_cli_args(FlexibleArgumentParser(prog="minivllm"))
+
+
+def real_args(argv: list[str]) -> Any:
+    from minivllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs.from_cli_args(real_parser().parse_args(argv))
+
+
+def test_engine_args_has_every_knob_of_the_issue() -> None:
+    import dataclasses
+
+    from minivllm.config.vllm import VllmConfig
+    from minivllm.engine.arg_utils import EngineArgs
+
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    assert set(ISSUE_FIELDS) <= names, set(ISSUE_FIELDS) - names
+    # every argument names a real field of the config it feeds
+    for spec in EngineArgs._specs:
+        owner = VllmConfig if not spec.target.attr else spec.target.cls
+        assert spec.field.name in {f.name for f in dataclasses.fields(owner)}
+    assert "cache_dtype" not in names and "policy" not in names  # vLLM's names instead
+
+
+def test_real_flags_resolve_into_vllm_config() -> None:
+    from minivllm.config.compilation_modes import CompilationMode, CUDAGraphMode
+    from minivllm.config.optimization import OptimizationLevel
+    from minivllm.platforms import CudaPlatform, override_platform
+
+    args = real_args(
+        "--block-size 32 --gpu-memory-utilization 0.5 --kv-cache-dtype fp8 --max-num-seqs 8 "
+        "--no-enable-prefix-caching --max-model-len 1024 --scheduling-policy priority -O1 "
+        "-cc.mode=VLLM_COMPILE -cc.cudagraph_mode=PIECEWISE -cc.cudagraph_capture_sizes=[1,2,4]".split()
+    )
+    with override_platform(CudaPlatform(device_capability=(9, 0))):
+        cfg = args.create_engine_config()
+    assert cfg.cache_config.block_size == 32 and cfg.cache_config.cache_dtype == "fp8"
+    assert cfg.cache_config.gpu_memory_utilization == 0.5
+    assert cfg.cache_config.enable_prefix_caching is False
+    assert cfg.scheduler_config.max_num_seqs == 8 and cfg.scheduler_config.policy == "priority"
+    assert cfg.model_config.max_model_len == cfg.scheduler_config.max_model_len == 1024
+    assert cfg.optimization_level is OptimizationLevel.O1
+    assert cfg.compilation_config.mode is CompilationMode.VLLM_COMPILE
+    assert cfg.compilation_config.cudagraph_mode is CUDAGraphMode.PIECEWISE
+    assert cfg.compilation_config.cudagraph_capture_sizes == [1, 2, 4]
+    explained = cfg.explain()
+    for path in (
+        "cache_config.block_size",
+        "cache_config.cache_dtype",
+        "scheduler_config.max_num_seqs",
+        "scheduler_config.max_model_len",
+        "optimization_level",
+        "compilation_config.mode",
+        "compilation_config.cudagraph_mode",
+    ):
+        assert explained[path]["source"] == "user", (path, explained[path])
+    assert explained["cache_config.swap_space"]["source"] == "default"
+
+
+def test_real_validation_error_names_the_flag() -> None:
+    with pytest.raises(ValueError, match=r"^--gpu-memory-utilization: "):
+        real_args(["--gpu-memory-utilization", "1.5"]).create_engine_config()
+
+
+def test_real_unknown_cc_key_lists_valid_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        real_parser().parse_args(["-cc.cudagraph_modes=FULL"])
+    err = capsys.readouterr().err
+    assert "unknown key 'cudagraph_modes'" in err and "did you mean 'cudagraph_mode'" in err
+    assert "valid keys:" in err and "pass_config" in err
+
+
+def test_legacy_cc_key_marks_the_translated_field_as_user() -> None:
+    from minivllm.config.compilation_modes import CompilationMode
+
+    with pytest.warns(DeprecationWarning, match="level"):
+        cfg = real_args(["-cc.level=0"]).create_engine_config()
+    assert cfg.compilation_config.mode is CompilationMode.NONE
+    assert cfg.explain()["compilation_config.mode"]["source"] == "user"

@@ -1,1 +1,86 @@
-"""minivllm."""
+"""Build a model and fill its weights: ``load_model(model_path, hf_config, dtype)``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from minivllm.model_executor.loader.gguf import gguf_weights_iterator, is_gguf_file
+from minivllm.model_executor.loader.safetensors import has_hf_weights, hf_weights_iterator
+from minivllm.model_executor.models.registry import get_model_class_for_config
+
+LOAD_FORMATS = ("auto", "gguf", "safetensors", "pt", "dummy")
+"""Accepted ``load_format`` values."""
+
+
+def find_gguf_file(model_path: str | os.PathLike[str]) -> Path | None:
+    """The GGUF file ``model_path`` names, or the only one in that directory."""
+    p = Path(model_path)
+    if is_gguf_file(p):
+        return p
+    if p.is_dir() and not has_hf_weights(p):
+        found = sorted(p.glob("*.gguf"))
+        if len(found) == 1:
+            return found[0]
+    return None
+
+
+def get_weights_iterator(
+    model_path: str | os.PathLike[str], load_format: str = "auto", use_cache: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named ``(name, tensor)`` pairs from a GGUF file or an HF directory."""
+    gguf_file = find_gguf_file(model_path) if load_format in ("auto", "gguf") else None
+    if gguf_file is not None:
+        return gguf_weights_iterator(gguf_file, use_cache=use_cache)
+    if load_format == "gguf":
+        raise ValueError(f"{model_path} is not a GGUF file (or a directory with exactly one)")
+    if not Path(model_path).is_dir():
+        raise ValueError(f"model path {model_path} is neither a GGUF file nor a directory")
+    return hf_weights_iterator(model_path)
+
+
+def initialize_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights for tests: N(0, 0.02) matrices, unit norms, zero biases."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if param.dim() == 1:
+            param.data.fill_(1.0 if "norm" in name else 0.0)
+        else:
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * 0.02
+            param.data.copy_(noise)
+
+
+def load_model(
+    model_path: str | os.PathLike[str] | None,
+    hf_config: Any,
+    dtype: torch.dtype = torch.float32,
+    *,
+    load_format: str = "auto",
+    device: torch.device | str = "cpu",
+    use_cache: bool = True,
+) -> nn.Module:
+    """Construct the model for ``hf_config`` on ``device`` and load its weights.
+
+    Call inside ``with set_current_vllm_config(cfg):`` so layers see the
+    compilation/cache config.  ``load_format="dummy"`` skips the checkpoint.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
+    model_cls = get_model_class_for_config(hf_config)
+    with torch.device(device):
+        model = model_cls(hf_config, dtype=dtype)
+    if load_format == "dummy":
+        initialize_dummy_weights(model)
+    else:
+        if model_path is None:
+            raise ValueError("a model path is needed unless load_format='dummy'")
+        model.load_weights(get_weights_iterator(model_path, load_format, use_cache))
+    return model.eval()
+
+
+__all__ = ["LOAD_FORMATS", "get_weights_iterator", "initialize_dummy_weights", "load_model"]

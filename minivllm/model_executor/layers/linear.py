@@ -1,0 +1,106 @@
+"""Linear layers, including the fused QKV and gate/up projections.
+
+The names follow vLLM's so the model code reads the same; tensor parallelism is
+not implemented here (every layer holds the full weight), but the fused layers
+already load their checkpoint pieces through shard-aware weight loaders.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.model_executor.layers.utils import (
+    default_weight_loader,
+    make_param,
+    set_weight_loader,
+)
+
+
+class LinearBase(nn.Module):
+    """``y = x @ W.T (+ b)`` with ``W`` of shape [output_size, input_size]."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.weight = make_param(output_size, input_size)
+        set_weight_loader(self.weight, self.weight_loader)
+        if bias:
+            self.bias: nn.Parameter | None = make_param(output_size)
+            set_weight_loader(self.bias, self.weight_loader)
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *args: object) -> None:
+        default_weight_loader(param, loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+
+
+class ReplicatedLinear(LinearBase):
+    """A plain linear layer."""
+
+
+class ColumnParallelLinear(LinearBase):
+    """Linear layer whose output dim would be split under tensor parallelism."""
+
+
+class RowParallelLinear(LinearBase):
+    """Linear layer whose input dim would be split under tensor parallelism."""
+
+
+class MergedColumnParallelLinear(LinearBase):
+    """Several projections of the same input stacked on the output dim (gate + up)."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None
+    ) -> None:
+        if shard_id is None:
+            default_weight_loader(param, loaded)
+            return
+        offset = sum(self.output_sizes[:shard_id])
+        size = self.output_sizes[shard_id]
+        default_weight_loader(param.data.narrow(0, offset, size), loaded)
+
+
+class QKVParallelLinear(LinearBase):
+    """The query, key and value projections stacked on the output dim."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: int | None = None,
+        bias: bool = False,
+    ) -> None:
+        self.head_size = head_size
+        self.num_heads = total_num_heads
+        self.num_kv_heads = total_num_kv_heads or total_num_heads
+        self.q_size = self.num_heads * head_size
+        self.kv_size = self.num_kv_heads * head_size
+        super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None
+    ) -> None:
+        if shard_id is None:
+            default_weight_loader(param, loaded)
+            return
+        offsets = {
+            "q": (0, self.q_size),
+            "k": (self.q_size, self.kv_size),
+            "v": (self.q_size + self.kv_size, self.kv_size),
+        }
+        offset, size = offsets[shard_id]
+        default_weight_loader(param.data.narrow(0, offset, size), loaded)

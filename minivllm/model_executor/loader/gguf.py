@@ -1,0 +1,135 @@
+"""Weights of a GGUF file as HF-named tensors (read once, cached dequantized).
+
+llama.cpp stores llama-architecture Q and K projections with the rows of each
+head interleaved for its rotary layout; `unpermute_qk` undoes that exactly as
+transformers' GGUF loader does, so our weights equal what HF loads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minivllm.logger import init_logger
+from minivllm.model_executor.loader import gguf_dequant
+from minivllm.model_executor.loader.weight_cache import load_cached_weights, save_cached_weights
+
+logger = init_logger(__name__)
+
+_TOP_LEVEL = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_PER_BLOCK = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Tensors we derive from the config instead (llama3 rope factors).
+_IGNORED = {"rope_freqs.weight"}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def is_gguf_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a file starting with the GGUF magic."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    """HF parameter name for a GGUF tensor name (None for tensors we skip)."""
+    if name in _IGNORED:
+        return None
+    m = _BLOCK_RE.fullmatch(name)
+    if m:
+        layer, part, kind = m.groups()
+        if part not in _PER_BLOCK:
+            raise ValueError(f"GGUF tensor {name!r} has no counterpart in our models")
+        return f"model.layers.{layer}.{_PER_BLOCK[part]}.{kind}"
+    base, _, kind = name.rpartition(".")
+    if base in _TOP_LEVEL:
+        return f"{_TOP_LEVEL[base]}.{kind}"
+    raise ValueError(f"GGUF tensor {name!r} has no counterpart in our models")
+
+
+def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's per-head row interleave of a Q or K weight (or bias)."""
+    half = w.shape[0] // num_heads // 2
+    rest = w.shape[1:]
+    return w.reshape(num_heads, half, 2, *rest).transpose(1, 2).reshape(w.shape).contiguous()
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def read_gguf_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor of the file into an HF-named dict (no cache)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    arch = _field(reader, "general.architecture")
+    num_heads = _field(reader, f"{arch}.attention.head_count")
+    num_kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or num_heads
+    out: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        hf_name = gguf_to_hf_name(t.name)
+        if hf_name is None:
+            continue
+        shape = tuple(int(d) for d in reversed(t.shape))
+        w = gguf_dequant.dequantize(t.data, t.tensor_type, shape)
+        if arch == "llama" and num_heads:
+            if ".q_proj." in hf_name:
+                w = unpermute_qk(w, int(num_heads))
+            elif ".k_proj." in hf_name:
+                w = unpermute_qk(w, int(num_kv_heads))
+        out[hf_name] = w
+    return out
+
+
+def load_gguf_weights(
+    path: str | os.PathLike[str], use_cache: bool = True
+) -> dict[str, torch.Tensor]:
+    """HF-named tensors of a GGUF file, from the dequantized cache when present."""
+    if use_cache:
+        t0 = time.perf_counter()
+        cached = load_cached_weights(path)
+        if cached is not None:
+            logger.info("loaded cached GGUF weights in %.2fs", time.perf_counter() - t0)
+            return cached
+    t0 = time.perf_counter()
+    tensors = read_gguf_weights(path)
+    logger.info("dequantized %d GGUF tensors in %.2fs", len(tensors), time.perf_counter() - t0)
+    if use_cache:
+        try:
+            target = save_cached_weights(path, tensors)
+            logger.info("cached dequantized weights at %s", target)
+        except OSError as e:  # a read-only cache dir must not stop the load
+            logger.warning("could not write the GGUF weight cache: %s", e)
+    return tensors
+
+
+def gguf_weights_iterator(
+    path: str | os.PathLike[str], use_cache: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(hf_name, tensor)`` pairs of a GGUF file, for ``model.load_weights``."""
+    yield from load_gguf_weights(path, use_cache).items()

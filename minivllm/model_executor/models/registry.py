@@ -1,0 +1,63 @@
+"""Which model class implements which HF architecture name.
+
+Classes are imported on first use so importing the registry stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from torch import nn
+
+_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+}
+
+# GGUF-derived configs often carry only a model_type, no architectures list.
+_MODEL_TYPES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def supported_architectures() -> list[str]:
+    """Architecture names `get_model_class` accepts."""
+    return sorted(_MODELS)
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    """The model class for an HF architecture name such as ``"LlamaForCausalLM"``."""
+    if architecture not in _MODELS:
+        raise ValueError(
+            f"model architecture {architecture!r} is not supported; supported: "
+            f"{', '.join(supported_architectures())}"
+        )
+    module_name, class_name = _MODELS[architecture]
+    module = importlib.import_module(f"minivllm.model_executor.models.{module_name}")
+    return getattr(module, class_name)
+
+
+def resolve_architecture(hf_config: Any) -> str:
+    """The first supported entry of ``hf_config.architectures`` (or from ``model_type``)."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    for arch in archs:
+        if arch in _MODELS:
+            return arch
+    model_type = getattr(hf_config, "model_type", None)
+    if not archs and model_type in _MODEL_TYPES:
+        return _MODEL_TYPES[model_type]
+    raise ValueError(
+        f"model architectures {archs or [model_type]} are not supported; supported: "
+        f"{', '.join(supported_architectures())}"
+    )
+
+
+def get_model_class_for_config(hf_config: Any) -> type[nn.Module]:
+    """Model class for a transformers config (see `resolve_architecture`)."""
+    return get_model_class(resolve_architecture(hf_config))

@@ -1,0 +1,178 @@
+"""Paged attention over the KV cache equals dense causal attention."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivllm.attention.kv_cache import (
+    allocate_kv_caches,
+    build_attention_metadata,
+    kv_cache_bytes_per_block,
+    resolve_kv_cache_dtype,
+)
+from minivllm.attention.layer import Attention
+from minivllm.forward_context import set_forward_context
+
+NH, NKV, HD = 4, 2, 16
+
+
+def dense_reference(q, k, v):
+    """Causal attention of one full sequence: q [L, NH, HD], k/v [L, NKV, HD]."""
+    rep = NH // NKV
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.repeat_interleave(rep, 1).transpose(0, 1),
+        v.repeat_interleave(rep, 1).transpose(0, 1),
+        is_causal=True,
+        scale=HD**-0.5,
+    )
+    return out.transpose(0, 1).reshape(q.shape[0], NH * HD)
+
+
+def make_layer(kv_dtype=torch.float32, num_blocks=128, block_size=16, **kwargs):
+    layer = Attention(NH, HD, HD**-0.5, NKV, prefix="l0.attn", **kwargs)
+    layer.kv_cache = allocate_kv_caches(1, num_blocks, block_size, NKV, HD, kv_dtype)[0]
+    return layer
+
+
+def run_schedule(layer, block_size, seqs, chunks, seed=0, padded=0):
+    """Feed each sequence in the given chunk sizes, one flat batch per step.
+
+    ``chunks[i]`` lists the query lengths of sequence i per step (0 = idle).
+    Returns the concatenated outputs per sequence in position order.
+    """
+    q_all, k_all, v_all = seqs
+    free = list(range(layer.kv_cache.shape[1]))
+    random.Random(seed).shuffle(free)
+    tables = [[free.pop() for _ in range(-(-q.shape[0] // block_size))] for q in q_all]
+    done = [0] * len(q_all)
+    outs = [[] for _ in q_all]
+    for step in range(max(len(c) for c in chunks)):
+        reqs = [i for i, c in enumerate(chunks) if step < len(c) and c[step] > 0]
+        q_lens = [chunks[i][step] for i in reqs]
+        s_lens = [done[i] + chunks[i][step] for i in reqs]
+        parts = [(q_all[i][done[i] : s], k_all[i][done[i] : s], v_all[i][done[i] : s])
+                 for i, s in zip(reqs, s_lens, strict=True)]  # fmt: skip
+        n = sum(q_lens)
+        md = build_attention_metadata(
+            q_lens, s_lens, [tables[i] for i in reqs], block_size, num_padded_tokens=n + padded
+        )
+        q, k, v = (torch.cat([p[j] for p in parts]).flatten(1) for j in range(3))
+        pad = lambda x: torch.cat([x, torch.randn(padded, x.shape[1])])  # noqa: E731
+        with set_forward_context(md, {layer.layer_name: layer}):
+            out = layer(pad(q), pad(k), pad(v))
+        assert out.shape == (n + padded, NH * HD)
+        assert torch.all(out[n:] == 0)
+        start = 0
+        for i, ql in zip(reqs, q_lens, strict=True):
+            outs[i].append(out[start : start + ql])
+            start += ql
+            done[i] += ql
+    return [torch.cat(o) for o in outs]
+
+
+def random_seqs(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple([torch.randn(n, h, HD, generator=g) for n in lengths] for h in (NH, NKV, NKV))
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_mixed_prefill_decode_matches_dense(block_size):
+    lengths = [23, 5, 17, 9]
+    seqs = random_seqs(lengths)
+    # Step 0: prefill chunks; later steps mix chunked prefill and decode.
+    chunks = [
+        [10, 7, 1, 1, 1, 1, 1, 1],
+        [0, 3, 1, 1],
+        [17],
+        [4, 1, 1, 1, 1, 1],
+    ]
+    assert [sum(c) for c in chunks] == lengths
+    layer = make_layer(block_size=block_size)
+    outs = run_schedule(layer, block_size, seqs, chunks, padded=3)
+    for i in range(len(lengths)):
+        ref = dense_reference(seqs[0][i], seqs[1][i], seqs[2][i])
+        torch.testing.assert_close(outs[i], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_pure_decode_batch_matches_dense():
+    lengths = [3, 40, 1, 18, 33]
+    seqs = random_seqs(lengths, seed=1)
+    chunks = [[n - 1, 1] if n > 1 else [0, 1] for n in lengths]
+    layer = make_layer(block_size=4)
+    outs = run_schedule(layer, 4, seqs, chunks)
+    for i in range(len(lengths)):
+        ref = dense_reference(seqs[0][i], seqs[1][i], seqs[2][i])
+        torch.testing.assert_close(outs[i], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize("calculate", [False, True])
+def test_fp8_cache_within_tolerance(cache_dtype, calculate):
+    dtype = resolve_kv_cache_dtype(cache_dtype, torch.float32)
+    lengths = [12, 7]
+    seqs = random_seqs(lengths, seed=2)
+    layer = make_layer(
+        dtype, block_size=16, kv_cache_dtype=cache_dtype, calculate_kv_scales=calculate
+    )
+    outs = run_schedule(layer, 16, seqs, [[8, 1, 1, 1, 1], [7]])
+    assert layer.kv_cache.dtype == dtype
+    if calculate:
+        # Scale from the first batch: its largest |k| maps to the fp8 maximum.
+        first_k = torch.cat([seqs[1][0][:8], seqs[1][1]])
+        expected = first_k.abs().max() / torch.finfo(dtype).max
+        torch.testing.assert_close(layer.k_scale, expected)
+    else:
+        assert float(layer.k_scale) == 1.0
+    # e4m3 keeps 3 mantissa bits, e5m2 only 2: relative error of a few percent.
+    tol = 0.05 if cache_dtype == "fp8" else 0.1
+    for i in range(2):
+        ref = dense_reference(seqs[0][i], seqs[1][i], seqs[2][i])
+        assert (outs[i] - ref).norm() / ref.norm() < tol
+
+
+def test_no_metadata_runs_causal_without_cache():
+    layer = make_layer()
+    q, k, v = (x[0] for x in random_seqs([6]))
+    with set_forward_context(None, {layer.layer_name: layer}):
+        out = layer(q.flatten(1), k.flatten(1), v.flatten(1))
+    torch.testing.assert_close(out, dense_reference(q, k, v), atol=1e-5, rtol=1e-5)
+    assert torch.all(layer.kv_cache == 0)
+
+
+def test_custom_ops_trace_with_fake_tensors():
+    layer = make_layer(block_size=4)
+    md = build_attention_metadata([5], [5], [[2, 0]], 4)
+    q, k, v = (x[0].flatten(1) for x in random_seqs([5]))
+
+    def fn(q, k, v):
+        out = torch.empty_like(q)
+        dep = torch.ops.minivllm.unified_kv_cache_update(k, v, "l0.attn")
+        torch.ops.minivllm.unified_attention_with_output(q, k, v, out, "l0.attn", dep)
+        return out
+
+    with set_forward_context(md, {layer.layer_name: layer}):
+        compiled = torch.compile(fn, backend="eager", fullgraph=True)
+        got = compiled(q, k, v)
+    ref = dense_reference(*(x[0] for x in random_seqs([5])))
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert layer.kv_cache[1, 0].abs().sum() > 0  # the cache was written through the op
+
+
+def test_cache_dtype_and_size_helpers():
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert resolve_kv_cache_dtype("fp8_e4m3", torch.float32) == torch.float8_e4m3fn
+    assert resolve_kv_cache_dtype("fp8_e5m2", torch.float32) == torch.float8_e5m2
+    with pytest.raises(ValueError, match="fp8_inc"):
+        resolve_kv_cache_dtype("fp8_inc", torch.float32)
+    assert (
+        kv_cache_bytes_per_block(16, 3, 64, torch.bfloat16, num_layers=30)
+        == 2 * 16 * 3 * 64 * 2 * 30
+    )
+    caches = allocate_kv_caches(2, 5, 16, 3, 64, torch.float8_e4m3fn, "cpu")
+    assert len(caches) == 2 and caches[0].shape == (2, 5, 16, 3, 64)
+    assert caches[0].dtype == torch.float8_e4m3fn

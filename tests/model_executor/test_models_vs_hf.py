@@ -1,0 +1,121 @@
+"""Tiny random Llama / Qwen2 / Qwen3 checkpoints: our logits equal HF's (float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from mx_helpers import PagedRunner
+
+from minivllm.model_executor.loader import load_model
+from minivllm.model_executor.models import get_model_class, supported_architectures
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+)
+CASES = {
+    "llama-untied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=False)),
+    "llama-tied-bias": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(tie_word_embeddings=True, attention_bias=True, rope_theta=5e5),
+    ),
+    "qwen2-tied": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3-untied": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(tie_word_embeddings=False, head_dim=32),
+    ),
+}
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def checkpoint(request, tmp_path_factory):
+    """(HF model, our model) sharing one saved random checkpoint."""
+    cfg_name, arch, extra = CASES[request.param]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, cfg_name)(**TINY, **extra, architectures=[arch])
+    hf = getattr(transformers, arch)(cfg).eval()
+    # Norm weights default to 1 and biases to 0; randomise them so the test sees them.
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn_like(p) * 0.1 + ("norm" in name))
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    ours = load_model(path, cfg, torch.float32)
+    return hf, ours
+
+
+def hf_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+def test_single_prefill(checkpoint):
+    hf, ours = checkpoint
+    ids = torch.randint(0, 128, (13,), generator=torch.Generator().manual_seed(1)).tolist()
+    logits = PagedRunner(ours, block_size=4).step([("a", ids)])
+    torch.testing.assert_close(logits, hf_logits(hf, ids), atol=ATOL, rtol=0)
+
+
+def test_prefill_then_decode(checkpoint):
+    hf, ours = checkpoint
+    ids = torch.randint(0, 128, (14,), generator=torch.Generator().manual_seed(2)).tolist()
+    runner = PagedRunner(ours, block_size=4)
+    got = [runner.step([("a", ids[:9])])]
+    for i in range(9, 14):
+        got.append(runner.step([("a", [ids[i]])]))
+    torch.testing.assert_close(torch.cat(got), hf_logits(hf, ids), atol=ATOL, rtol=0)
+
+
+def test_batch_of_three_mixed_steps(checkpoint):
+    """Three prompts in one flat prefill, then chunked prefill + decodes mixed."""
+    hf, ours = checkpoint
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 11, 8)]
+    runner = PagedRunner(ours, block_size=4)
+    first = runner.step([("a", prompts[0]), ("b", prompts[1][:7]), ("c", prompts[2])])
+    refs = [hf_logits(hf, p) for p in prompts]
+    torch.testing.assert_close(first[:5], refs[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(first[5:12], refs[1][:7], atol=ATOL, rtol=0)
+    torch.testing.assert_close(first[12:], refs[2], atol=ATOL, rtol=0)
+    # b finishes its prompt (chunked prefill) while a and c decode one token each.
+    a_next, c_next = 7, 9
+    second = runner.step([("a", [a_next]), ("b", prompts[1][7:]), ("c", [c_next])])
+    torch.testing.assert_close(
+        second[0], hf_logits(hf, prompts[0] + [a_next])[-1], atol=ATOL, rtol=0
+    )
+    torch.testing.assert_close(second[1:5], refs[1][7:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        second[5], hf_logits(hf, prompts[2] + [c_next])[-1], atol=ATOL, rtol=0
+    )
+
+
+def test_bfloat16_close_to_float32(checkpoint, tmp_path):
+    hf, ours = checkpoint
+    ours_bf16 = load_model(None, ours.config, torch.bfloat16, load_format="dummy")
+    ours_bf16.load_state_dict(
+        {k: v.to(torch.bfloat16) for k, v in ours.state_dict().items()}, strict=False
+    )
+    ids = list(range(3, 15))
+    got = PagedRunner(ours_bf16, block_size=16).step([("a", ids)])
+    ref = hf_logits(hf, ids)
+    assert got.dtype == torch.float32
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_registry_rejects_unknown_architecture():
+    with pytest.raises(ValueError, match="LlamaForCausalLM"):
+        get_model_class("GPT2LMHeadModel")
+    assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"} <= set(
+        supported_architectures()
+    )

@@ -1,1 +1,1 @@
-"""minivllm."""
+"""Executors: how workers are started and driven."""

@@ -1,1 +1,23 @@
-"""minivllm."""
+"""Request scheduling: continuous batching, chunked prefill, preemption (torch-free)."""
+
+from minivllm.scheduler.output import (
+    CachedRequestData,
+    EngineCoreOutput,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from minivllm.scheduler.request import Request, RequestStatus
+from minivllm.scheduler.scheduler import Scheduler, SchedulerStats
+
+__all__ = [
+    "CachedRequestData",
+    "EngineCoreOutput",
+    "ModelRunnerOutput",
+    "NewRequestData",
+    "Request",
+    "RequestStatus",
+    "Scheduler",
+    "SchedulerOutput",
+    "SchedulerStats",
+]

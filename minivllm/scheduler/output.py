@@ -75,3 +75,27 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[Any]] = field(default_factory=dict)
     """Per request id, prompt logprob entries computed this step (same entry form, or
     None for the first prompt token)."""
+
+
+@dataclass
+class EngineCoreOutput:
+    """What the scheduler reports for one request after a step (for the output processor)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    """Tokens generated this step (empty for an unfinished chunked prefill)."""
+    finish_reason: str | None = None
+    """The finish reason once finished ("stop", "length" or "abort"); None while running."""
+    stop_reason: int | str | None = None
+    """The stop token id that ended the request (None for EOS and length caps)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache at first admission."""
+    new_logprobs: list[Any] | None = None
+    """Entries from `ModelRunnerOutput.logprobs`, one per token of new_token_ids."""
+    new_prompt_logprobs: list[Any] | None = None
+    """Prompt logprob entries computed this step, if requested."""
+    num_preemptions: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,166 @@
+"""The synchronous engine: add requests, call `step()` until they finish.
+
+One step is: the scheduler picks the tokens to compute, the executor runs them,
+the scheduler updates each request, and the output processor detokenizes and
+checks stop strings.  `LLM` (offline) and the async server front both drive it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+from minivllm.engine.output_processor import OutputProcessor, ParentRequest
+from minivllm.executor.uniproc import get_executor_class
+from minivllm.logger import init_logger
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+from minivllm.scheduler.request import Request, RequestStatus
+from minivllm.scheduler.scheduler import Scheduler, SchedulerStats
+
+logger = init_logger(__name__)
+
+PromptInput = str | list[int] | dict[str, Any]
+"""A text prompt, a list of token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}``."""
+
+
+class LLMEngine:
+    """Scheduler + executor + output processor for one model."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        from minivllm.tokenizer import get_tokenizer
+
+        self.vllm_config = vllm_config
+        mc = vllm_config.model_config
+        self.model_config = mc
+        self.tokenizer = None
+        if not mc.skip_tokenizer_init:
+            self.tokenizer = get_tokenizer(mc.tokenizer or mc.model)
+        self.executor = get_executor_class(vllm_config)(vllm_config)
+        self.scheduler = Scheduler.from_config(vllm_config, self.executor.num_blocks)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
+        self.max_logprobs = getattr(mc, "max_logprobs", 20)
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: Any) -> LLMEngine:
+        return cls(engine_args.create_engine_config())
+
+    # -- requests -----------------------------------------------------------
+    def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        """``(prompt text or None, prompt token ids)`` for any accepted prompt form."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    "text prompts need a tokenizer; this engine was started with "
+                    "skip_tokenizer_init=True, so pass token ids instead"
+                )
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(
+            f"unsupported prompt type {type(prompt).__name__}: give a string, a list of "
+            "token ids, or a dict with 'prompt' or 'prompt_token_ids'"
+        )
+
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """ValueError, with the numbers, for a request the engine could never finish."""
+        max_len = self.model_config.max_model_len
+        vocab = self.model_config.get_vocab_size()
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError("the prompt is empty; give at least one token")
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of vocabulary (size {vocab})")
+        if num_prompt >= max_len:
+            raise ValueError(
+                f"the prompt has {num_prompt} tokens, but this model's maximum context "
+                f"length is {max_len}; shorten the prompt"
+            )
+        if params.max_tokens is not None and num_prompt + params.max_tokens > max_len:
+            raise ValueError(
+                f"this model's maximum context length is {max_len} tokens, but the request "
+                f"asks for {num_prompt + params.max_tokens} ({num_prompt} in the prompt + "
+                f"{params.max_tokens} max_tokens); lower max_tokens or shorten the prompt"
+            )
+        params.verify_for_model(vocab, self.max_logprobs)
+
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> str:
+        """Queue a request (``n`` children when params.n > 1); returns its id."""
+        request_id = request_id or str(next(self._ids))
+        if request_id in self.output_processor.parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = (params or SamplingParams()).clone()
+        text, token_ids = self.tokenize_prompt(prompt)
+        self.validate_request(token_ids, params)
+        params.update_from_tokenizer(self.eos_token_id)
+        parent = ParentRequest(request_id, params.n, text, token_ids, params.output_kind)
+        for index in range(params.n):
+            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+            child_params = params
+            if params.n > 1:
+                child_params = params.clone()
+                child_params.n = 1
+                if params.seed is not None:
+                    child_params.seed = params.seed + index
+            self.output_processor.add_request(parent, child_id, index, child_params)
+            self.scheduler.add_request(
+                Request(
+                    child_id,
+                    token_ids,
+                    child_params,
+                    eos_token_id=self.eos_token_id,
+                    arrival_time=arrival_time,
+                    priority=priority,
+                )
+            )
+        return request_id
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
+        """Abort requests (by the ids given to add_request); frees their KV blocks at once."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        child_ids = [c for rid in ids for c in self.output_processor.child_ids_of(rid)]
+        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+        return self.output_processor.abort_requests(child_ids)
+
+    # -- running ------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step and return the outputs it produced."""
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs, stopped = self.output_processor.process_outputs(core_outputs)
+        if stopped:
+            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
+
+    def get_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ValueError("this engine was started with skip_tokenizer_init=True")
+        return self.tokenizer

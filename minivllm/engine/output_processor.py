@@ -1,0 +1,216 @@
+"""Turns the scheduler's per-step token updates into `RequestOutput`s.
+
+For each request it keeps an incremental detokenizer (which also finds stop
+strings), the logprobs so far, and, for ``n > 1``, the parent that gathers the
+children's completions into one output.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput, make_logprobs_dict
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.scheduler.output import EngineCoreOutput
+
+
+@dataclass
+class ParentRequest:
+    """The user's request when it fans out into ``n`` children."""
+
+    request_id: str
+    n: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    output_kind: RequestOutputKind
+    completions: dict[int, CompletionOutput] = field(default_factory=dict)
+    num_finished: int = 0
+    prompt_logprobs: list[Any] | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class RequestState:
+    """Output-side state of one (child) request."""
+
+    request_id: str
+    parent: ParentRequest
+    index: int
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer | None
+    output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+    sent_tokens: int = 0
+    arrival_time: float = field(default_factory=time.time)
+    first_token_time: float | None = None
+
+
+class OutputProcessor:
+    """Owns the `RequestState` of every live request."""
+
+    def __init__(self, tokenizer: Any | None) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, RequestState] = {}
+        self.parents: dict[str, ParentRequest] = {}
+
+    def add_request(
+        self,
+        parent: ParentRequest,
+        child_id: str,
+        index: int,
+        params: SamplingParams,
+    ) -> None:
+        detok = None
+        if self.tokenizer is not None and params.detokenize:
+            detok = IncrementalDetokenizer(
+                self.tokenizer,
+                parent.prompt_token_ids,
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+                stop=params.stop or (),
+                include_stop_str_in_output=params.include_stop_str_in_output,
+                min_tokens=params.min_tokens,
+            )
+        self.parents[parent.request_id] = parent
+        self.states[child_id] = RequestState(
+            request_id=child_id,
+            parent=parent,
+            index=index,
+            params=params,
+            detokenizer=detok,
+            logprobs=[] if params.logprobs is not None else None,
+            cumulative_logprob=0.0 if params.logprobs is not None else None,
+        )
+
+    def has_request(self, child_id: str) -> bool:
+        return child_id in self.states
+
+    def child_ids_of(self, request_id: str) -> list[str]:
+        return [cid for cid, s in self.states.items() if s.parent.request_id == request_id]
+
+    def _decode(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode([token_id])
+
+    def process_outputs(
+        self, outputs: list[EngineCoreOutput]
+    ) -> tuple[list[RequestOutput], list[str]]:
+        """Apply one step's updates; returns the outputs to deliver and the ids of
+        requests that a stop string finished (the caller must abort them)."""
+        results: dict[str, RequestOutput] = {}
+        stopped: list[str] = []
+        for eco in outputs:
+            state = self.states.get(eco.request_id)
+            if state is None:
+                continue
+            finish_reason, stop_reason = eco.finish_reason, eco.stop_reason
+            if eco.new_token_ids and state.first_token_time is None:
+                state.first_token_time = time.time()
+            state.output_token_ids.extend(eco.new_token_ids)
+            self._add_logprobs(state, eco)
+            self._add_prompt_logprobs(state.parent, eco)
+            if eco.num_cached_tokens:
+                state.parent.num_cached_tokens = eco.num_cached_tokens
+            if state.detokenizer is not None and eco.new_token_ids:
+                stop_terminated = finish_reason == "stop" and not isinstance(stop_reason, str)
+                matched = state.detokenizer.update(eco.new_token_ids, stop_terminated)
+                if matched is not None and finish_reason is None:
+                    finish_reason, stop_reason = "stop", matched
+                    stopped.append(eco.request_id)
+            output = self._make_output(state, finish_reason, stop_reason)
+            if output is not None:
+                results[state.parent.request_id] = output
+        return list(results.values()), stopped
+
+    def _add_logprobs(self, state: RequestState, eco: EngineCoreOutput) -> None:
+        if state.logprobs is None or not eco.new_logprobs:
+            return
+        num = state.params.logprobs
+        for entry in eco.new_logprobs:
+            if entry is None:
+                continue
+            token_id, logprob, rank, top = entry
+            state.logprobs.append(
+                make_logprobs_dict(
+                    token_id, logprob, rank, list(top), list(top.values()), num, self._decode
+                )
+            )
+            assert state.cumulative_logprob is not None
+            state.cumulative_logprob += logprob
+
+    def _add_prompt_logprobs(self, parent: ParentRequest, eco: EngineCoreOutput) -> None:
+        if not eco.new_prompt_logprobs:
+            return
+        if parent.prompt_logprobs is None:
+            parent.prompt_logprobs = []
+        for entry in eco.new_prompt_logprobs:
+            # A request recomputed after preemption reports its prompt again.
+            if len(parent.prompt_logprobs) >= len(parent.prompt_token_ids):
+                break
+            if entry is None:
+                parent.prompt_logprobs.append(None)
+                continue
+            token_id, logprob, rank, top = entry
+            parent.prompt_logprobs.append(
+                make_logprobs_dict(token_id, logprob, rank, list(top), list(top.values()), -1, self._decode)
+            )
+
+    def _make_output(
+        self, state: RequestState, finish_reason: str | None, stop_reason: int | str | None
+    ) -> RequestOutput | None:
+        parent = state.parent
+        finished = finish_reason is not None
+        delta = parent.output_kind == RequestOutputKind.DELTA
+        if finished:
+            del self.states[state.request_id]
+            parent.num_finished += 1
+        text = ""
+        if state.detokenizer is not None:
+            text = state.detokenizer.get_next_output_text(finished, delta)
+        start = state.sent_tokens if delta else 0
+        token_ids = state.output_token_ids[start:]
+        logprobs = state.logprobs[start:] if state.logprobs is not None else None
+        state.sent_tokens = len(state.output_token_ids)
+        parent.completions[state.index] = CompletionOutput(
+            index=state.index,
+            text=text,
+            token_ids=list(token_ids),
+            cumulative_logprob=state.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            stop_reason=stop_reason,
+        )
+        all_done = parent.num_finished == parent.n
+        if all_done:
+            self.parents.pop(parent.request_id, None)
+        if parent.output_kind == RequestOutputKind.FINAL_ONLY and not all_done:
+            return None
+        if delta:
+            outputs = [parent.completions.pop(state.index)]
+        else:
+            outputs = [parent.completions[i] for i in sorted(parent.completions)]
+        return RequestOutput(
+            request_id=parent.request_id,
+            prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids,
+            prompt_logprobs=parent.prompt_logprobs,
+            outputs=outputs,
+            finished=all_done,
+            num_cached_tokens=parent.num_cached_tokens,
+        )
+
+    def abort_requests(self, child_ids: list[str]) -> list[RequestOutput]:
+        """Finish ``child_ids`` with reason "abort"; returns their final outputs."""
+        results = []
+        for cid in child_ids:
+            state = self.states.get(cid)
+            if state is not None:
+                out = self._make_output(state, "abort", None)
+                if out is not None:
+                    results.append(out)
+        return results

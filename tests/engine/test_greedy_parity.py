@@ -74,7 +74,9 @@ def _hf_argmax_agrees(
     first_bad = []
     for i, (p, g) in enumerate(zip(prompt_ids, generated, strict=True)):
         predicted = logits[i, len(p) - 1 : len(p) - 1 + len(g)].argmax(-1).tolist()
-        first_bad.append(next((j for j, (a, b) in enumerate(zip(predicted, g)) if a != b), -1))
+        first_bad.append(
+            next((j for j, (a, b) in enumerate(zip(predicted, g, strict=True)) if a != b), -1)
+        )
     return first_bad
 
 

@@ -1,0 +1,415 @@
+"""`AsyncLLM`: the synchronous `LLMEngine` behind an asyncio front, for the server.
+
+The engine is not thread-safe, so exactly one thread -- the *engine loop* thread
+started here -- ever touches it.  Coroutines talk to that thread through a
+command queue (add, abort) and get results back through one `asyncio.Queue` per
+request, filled with ``loop.call_soon_threadsafe``.  Between two engine steps the
+loop drains the command queue, so requests from many HTTP clients join the running
+batch as they arrive (continuous batching) while the event loop stays free to
+accept connections and stream tokens: a step runs in the engine thread, and torch
+releases the GIL inside its ops.
+
+A failed step never leaves a client hanging: every in-flight stream receives an
+`EngineError`, their requests are aborted, and the loop carries on.  Only if the
+engine cannot even be cleaned up does the front turn *dead* (``errored``), after
+which every new request fails at once and ``/health`` reports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from minivllm.engine.llm_engine import LLMEngine, PromptInput
+from minivllm.logger import init_logger
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.scheduler.scheduler import SchedulerStats
+
+logger = init_logger(__name__)
+
+IDLE_POLL_S = 1.0
+"""How often an idle loop wakes up on its own (to notice a shutdown deadline)."""
+
+
+class EngineError(RuntimeError):
+    """The engine failed while serving this request (the server itself keeps running)."""
+
+
+class EngineDeadError(EngineError):
+    """The engine loop has stopped for good; no request can be served."""
+
+
+class EngineShutdownError(RuntimeError):
+    """The engine is shutting down and accepts no new requests."""
+
+
+@dataclass
+class FinishedRequestStats:
+    """What the metrics need to know about one finished completion."""
+
+    finish_reason: str
+    e2e_latency: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+@dataclass
+class IterationStats:
+    """Token counts and latencies produced by one engine step (or one batch of aborts)."""
+
+    num_prompt_tokens: int = 0
+    """Prompt tokens of requests that produced their first token in this step."""
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+class StatLogger(Protocol):
+    """Receives the engine's statistics; called from the engine loop thread."""
+
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+        """Take one step's statistics (must be thread-safe and fast)."""
+
+
+@dataclass
+class _Timing:
+    """Per-completion timestamps for latency metrics."""
+
+    arrival: float
+    first_token: float | None = None
+    last_token: float | None = None
+    num_tokens: int = 0
+
+
+@dataclass
+class _Stream:
+    """Where the engine loop puts a request's outputs (lives in the event loop)."""
+
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+    delta: bool
+    """Outputs carry only new tokens (RequestOutputKind.DELTA)."""
+    num_prompt_tokens: int = 0
+    counted_prompt: bool = False
+    arrival: float = field(default_factory=time.monotonic)
+    timings: dict[int, _Timing] = field(default_factory=dict)
+
+
+class AsyncLLM:
+    """An asyncio front for one `LLMEngine`, driven by a background engine thread.
+
+    ``async for output in async_llm.generate(prompt, params, request_id)`` yields the
+    request's `RequestOutput`s as they are produced (deltas when params.output_kind is
+    DELTA).  Leaving the loop early (a client disconnecting, a cancelled task) aborts
+    the request and frees its KV blocks before the next step.
+    """
+
+    def __init__(self, engine: LLMEngine, stat_loggers: list[StatLogger] | None = None) -> None:
+        self.engine = engine
+        self.stat_loggers = list(stat_loggers or [])
+        self._commands: collections.deque[tuple[str, Any]] = collections.deque()
+        self._wakeup = threading.Event()
+        # Only the engine thread reads or writes this dict.
+        self._streams: dict[str, _Stream] = {}
+        self._accepting = True
+        self._drain_deadline: float | None = None
+        self._stop = False
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run_loop, name="minivllm-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: Any, **kwargs: Any) -> AsyncLLM:
+        return cls(LLMEngine.from_engine_args(engine_args), **kwargs)
+
+    # -- state ----------------------------------------------------------------
+    @property
+    def errored(self) -> bool:
+        """True once the engine loop has died (every request fails from then on)."""
+        return self._dead is not None or not self._thread.is_alive() and not self._stop
+
+    @property
+    def is_accepting(self) -> bool:
+        return self._accepting and not self.errored
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.get_tokenizer()
+
+    @property
+    def model_config(self) -> Any:
+        return self.engine.model_config
+
+    @property
+    def vllm_config(self) -> Any:
+        return self.engine.vllm_config
+
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """The engine's ValueError for a request it could never finish (pure, thread-safe)."""
+        self.engine.validate_request(prompt_token_ids, params)
+
+    # -- requests -------------------------------------------------------------
+    async def generate(
+        self,
+        prompt: PromptInput,
+        sampling_params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Queue a request and yield its outputs until it finishes.
+
+        Raises `EngineShutdownError` when shutting down, `EngineDeadError` when the
+        loop has died, ValueError for an invalid request, `EngineError` when a step
+        failed while this request was running.
+        """
+        self._check_accepting()
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids: list[int] | None = list(prompt["prompt_token_ids"])
+        elif isinstance(prompt, list):
+            ids = list(prompt)
+        else:
+            ids = None  # text: tokenized (and validated) by the engine thread
+        if ids is not None:
+            self.validate_request(ids, sampling_params)
+        stream = _Stream(
+            request_id,
+            asyncio.get_running_loop(),
+            asyncio.Queue(),
+            delta=sampling_params.output_kind == RequestOutputKind.DELTA,
+            num_prompt_tokens=len(ids) if ids else 0,
+        )
+        self._send("add", (request_id, prompt, sampling_params, priority, stream))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True  # the engine side already dropped it
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._send("abort", request_id)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request; its stream ends with finish_reason "abort"."""
+        self._send("abort", request_id)
+
+    def _check_accepting(self) -> None:
+        if self.errored:
+            raise EngineDeadError(f"the engine loop has stopped: {self._dead!r}")
+        if not self._accepting:
+            raise EngineShutdownError("the server is shutting down and takes no new requests")
+
+    def _send(self, kind: str, payload: Any) -> None:
+        self._commands.append((kind, payload))
+        self._wakeup.set()
+
+    # -- shutdown -------------------------------------------------------------
+    def begin_shutdown(self, timeout: float) -> None:
+        """Stop accepting; requests still running after ``timeout`` seconds are aborted.
+
+        Thread-safe and non-blocking (a signal handler may call it).
+        """
+        self._accepting = False
+        deadline = time.monotonic() + max(0.0, timeout)
+        if self._drain_deadline is None or deadline < self._drain_deadline:
+            self._drain_deadline = deadline
+        self._wakeup.set()
+
+    def shutdown(self, timeout: float = 0.0) -> None:
+        """Stop accepting, let running requests finish for up to ``timeout`` seconds, abort
+        the rest, then stop the engine thread.  Blocks; call via asyncio.to_thread."""
+        if self._drain_deadline is None:
+            self.begin_shutdown(timeout)
+        self._stop = True
+        self._wakeup.set()
+        self._thread.join()
+
+    # -- the engine thread ----------------------------------------------------
+    def _run_loop(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                stats = IterationStats()
+                changed = self._process_commands(stats)
+                if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
+                    changed |= self._abort_all("shutdown timeout reached", stats)
+                if changed:
+                    self._record(stats)
+                if engine.has_unfinished_requests():
+                    self._step()
+                    continue
+                if self._stop:
+                    return
+                self._wakeup.wait(IDLE_POLL_S)
+                self._wakeup.clear()
+        except BaseException as exc:  # the loop itself broke: nothing can be served now
+            logger.exception("engine loop died")
+            self._dead = exc
+            error = EngineDeadError(f"engine loop died: {exc!r}")
+            self._fail_streams(list(self._streams), error)
+            # Requests queued but never added would otherwise wait forever.
+            while self._commands:
+                kind, payload = self._commands.popleft()
+                if kind == "add":
+                    self._put(payload[-1], [error])
+
+    def _process_commands(self, stats: IterationStats) -> bool:
+        changed = False
+        while self._commands:
+            kind, payload = self._commands.popleft()
+            changed = True
+            if kind == "add":
+                self._add(*payload)
+            else:
+                self._abort([payload], stats)
+        return changed
+
+    def _add(
+        self,
+        request_id: str,
+        prompt: PromptInput,
+        params: SamplingParams,
+        priority: int,
+        stream: _Stream,
+    ) -> None:
+        if not self._accepting and self._drain_deadline is not None:
+            self._put(stream, [EngineShutdownError("the server is shutting down")])
+            return
+        try:
+            self.engine.add_request(request_id, prompt, params, priority=priority)
+        except Exception as exc:  # invalid request: only this client hears about it
+            self._put(stream, [exc])
+            return
+        if not stream.num_prompt_tokens:
+            parent = self.engine.output_processor.parents.get(request_id)
+            stream.num_prompt_tokens = len(parent.prompt_token_ids) if parent else 0
+        self._streams[request_id] = stream
+
+    def _abort(self, request_ids: list[str], stats: IterationStats) -> None:
+        live = [r for r in request_ids if r in self._streams]
+        if live:
+            self._deliver(self.engine.abort_request(live), stats)
+
+    def _abort_all(self, why: str, stats: IterationStats) -> bool:
+        if not self._streams:
+            return False
+        logger.info("aborting %d running request(s): %s", len(self._streams), why)
+        self._abort(list(self._streams), stats)
+        return True
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            logger.exception("engine step failed; failing its %d request(s)", len(self._streams))
+            ids = list(self._streams)
+            self._fail_streams(ids, EngineError(f"engine step failed: {exc!r}"))
+            # Aborting frees the failed requests' blocks so the next requests start clean;
+            # if even that fails, the loop dies (handled by _run_loop).
+            self.engine.abort_request(ids)
+            self._record(IterationStats())
+            return
+        stats = IterationStats()
+        self._deliver(outputs, stats)
+        self._record(stats)
+
+    def _deliver(self, outputs: list[RequestOutput], stats: IterationStats) -> None:
+        now = time.monotonic()
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            self._account(stream, output, now, stats)
+            if output.finished:
+                del self._streams[output.request_id]
+            batches.setdefault(stream.loop, []).append((stream, output))
+        for loop, items in batches.items():
+            self._call_in_loop(loop, _put_all, items)
+
+    def _account(
+        self, stream: _Stream, output: RequestOutput, now: float, stats: IterationStats
+    ) -> None:
+        """Update per-completion timings and this step's token counts and latencies."""
+        for completion in output.outputs:
+            timing = stream.timings.get(completion.index)
+            if timing is None:
+                timing = stream.timings[completion.index] = _Timing(stream.arrival)
+            # Cumulative outputs repeat earlier tokens; count only the new ones.
+            total = len(completion.token_ids)
+            new_tokens = total if stream.delta else max(0, total - timing.num_tokens)
+            if new_tokens:
+                if timing.first_token is None:
+                    timing.first_token = now
+                    stats.time_to_first_tokens.append(now - timing.arrival)
+                    if not stream.counted_prompt:  # once per request, whatever n is
+                        stream.counted_prompt = True
+                        stats.num_prompt_tokens += stream.num_prompt_tokens
+                elif timing.last_token is not None:
+                    stats.inter_token_latencies.append(now - timing.last_token)
+                timing.last_token = now
+                timing.num_tokens += new_tokens
+                stats.num_generation_tokens += new_tokens
+            if completion.finish_reason is not None:
+                stats.finished_requests.append(
+                    FinishedRequestStats(
+                        completion.finish_reason,
+                        now - timing.arrival,
+                        stream.num_prompt_tokens,
+                        timing.num_tokens,
+                    )
+                )
+
+    def _fail_streams(self, request_ids: list[str], error: BaseException) -> None:
+        for rid in request_ids:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                self._call_in_loop(stream.loop, _put_all, [(stream, error)])
+
+    def _put(self, stream: _Stream, items: list[RequestOutput | BaseException]) -> None:
+        self._call_in_loop(stream.loop, _put_all, [(stream, item) for item in items])
+
+    @staticmethod
+    def _call_in_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+    def _record(self, stats: IterationStats) -> None:
+        if not self.stat_loggers:
+            return
+        scheduler_stats = self.engine.get_stats()
+        for stat_logger in self.stat_loggers:
+            try:
+                stat_logger.record(scheduler_stats, stats)
+            except Exception:  # metrics must never take the engine down
+                logger.exception("stat logger %r failed", stat_logger)
+
+
+def _put_all(items: list[tuple[_Stream, RequestOutput | BaseException]]) -> None:
+    for stream, item in items:
+        stream.queue.put_nowait(item)
+
+
+__all__ = [
+    "AsyncLLM",
+    "EngineDeadError",
+    "EngineError",
+    "EngineShutdownError",
+    "FinishedRequestStats",
+    "IterationStats",
+    "StatLogger",
+]

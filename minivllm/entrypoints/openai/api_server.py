@@ -1,0 +1,302 @@
+"""The FastAPI app of the OpenAI-compatible server, and `run_server` (uvicorn).
+
+`build_app` wires the handlers of the ``serving_*`` modules to routes and turns
+every failure into OpenAI's error body ``{"error": {message, type, param, code}}``:
+a malformed or wrongly typed body is a 400 (FastAPI's 422 is overridden), an
+unknown model a 404, a missing or wrong API key a 401.
+
+Shutdown (SIGTERM or Ctrl-C): uvicorn stops accepting connections while the engine
+stops accepting requests; running requests may finish for ``shutdown_timeout``
+seconds, after which the engine aborts them (their streams end with
+finish_reason "abort") and the process exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
+from http import HTTPStatus
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from minivllm import __version__
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.entrypoints.openai.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
+from minivllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from minivllm.entrypoints.openai.serving_engine import OpenAIServingError
+from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
+from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+SHUTDOWN_GRACE_S = 5.0
+"""Extra seconds uvicorn waits after shutdown_timeout for aborted streams to close."""
+
+
+def error_response(err: OpenAIServingError) -> JSONResponse:
+    return JSONResponse(err.to_response().model_dump(), status_code=int(err.status))
+
+
+class APIKeyMiddleware:
+    """Pure ASGI middleware (streaming-safe): ``/v1`` routes need ``Bearer <api_key>``."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS":
+            if scope["path"].startswith("/v1"):
+                given = dict(scope["headers"]).get(b"authorization", b"")
+                if not hmac.compare_digest(given, self.expected):
+                    err = OpenAIServingError(
+                        "Unauthorized: a valid API key is needed (Authorization: Bearer <key>)",
+                        HTTPStatus.UNAUTHORIZED,
+                    )
+                    await error_response(err)(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A readable message and the offending field for a body that failed validation."""
+    parts, param = [], None
+    for error in exc.errors():
+        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        if error.get("type") == "json_invalid":
+            detail = (error.get("ctx") or {}).get("error", "")
+            return f"malformed JSON body: {detail or error.get('msg')}", None
+        field = ".".join(loc)
+        param = param or (field or None)
+        parts.append(f"{field or 'body'}: {error.get('msg')}")
+    return "; ".join(parts) or "invalid request body", param
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Run ``work``; cancel it (aborting its engine requests) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        return Response(status_code=499)  # nobody is listening; the status is for logs
+    return task.result()
+
+
+def _respond(result: Any) -> Response:
+    if isinstance(result, Response):
+        return result
+    if hasattr(result, "__aiter__"):
+        return StreamingResponse(result, media_type="text/event-stream")
+    return JSONResponse(result.model_dump(mode="json"))
+
+
+def build_app(
+    engine: AsyncLLM,
+    served_model_names: list[str] | None = None,
+    api_key: str | None = None,
+    max_log_len: int | None = None,
+    stat_logger: PrometheusStatLogger | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``engine`` (``stat_logger`` backs ``/metrics``)."""
+    mc = engine.model_config
+    names = served_model_names or [mc.served_model_name]
+    models = OpenAIServingModels(names, str(mc.model), mc.max_model_len)
+    # The API thread gets its own tokenizer so it never shares one with the engine thread.
+    try:
+        tokenizer = copy.deepcopy(engine.get_tokenizer())
+    except Exception:  # pragma: no cover - a tokenizer that cannot be copied is shared
+        tokenizer = engine.get_tokenizer()
+    completion = OpenAIServingCompletion(engine, models, tokenizer, max_log_len)
+    chat = OpenAIServingChat(engine, models, tokenizer, max_log_len)
+    tokenization = OpenAIServingTokenization(engine, models, tokenizer, max_log_len)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        timeout = float(getattr(engine.vllm_config, "shutdown_timeout", 0) or 0)
+        await asyncio.to_thread(engine.shutdown, timeout)
+
+    app = FastAPI(title="minivllm OpenAI-compatible API", version=__version__, lifespan=lifespan)
+    app.state.engine = engine
+    app.state.stat_logger = stat_logger
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+
+    @app.exception_handler(OpenAIServingError)
+    async def _serving_error(request: Request, exc: OpenAIServingError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(OpenAIServingError(message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status = HTTPStatus(exc.status_code)
+        return error_response(OpenAIServingError(str(exc.detail), status))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error in %s", request.url.path)
+        return error_response(OpenAIServingError.from_exception(exc))
+
+    @app.get("/health")
+    async def health() -> Response:
+        status = HTTPStatus.SERVICE_UNAVAILABLE if engine.errored else HTTPStatus.OK
+        return Response(status_code=int(status))
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": __version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = stat_logger.render() if stat_logger is not None else b""
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def show_models() -> JSONResponse:
+        return JSONResponse(models.show_available_models().model_dump(mode="json"))
+
+    def _handler(
+        work: Callable[[Any], Awaitable[Any]],
+    ) -> Callable[[Any, Request], Awaitable[Response]]:
+        async def handle(body: Any, raw_request: Request) -> Response:
+            try:
+                result = await _unless_disconnected(raw_request, work(body))
+            except (OpenAIServingError, ValueError) as exc:
+                return error_response(OpenAIServingError.from_exception(exc))
+            return _respond(result)
+
+        return handle
+
+    complete = _handler(completion.create_completion)
+    chat_complete = _handler(chat.create_chat_completion)
+
+    @app.post("/v1/completions")
+    async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+        return await complete(request, raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(
+        request: ChatCompletionRequest, raw_request: Request
+    ) -> Response:
+        return await chat_complete(request, raw_request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeRequest) -> JSONResponse:
+        return JSONResponse(tokenization.tokenize(request).model_dump(mode="json"))
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> JSONResponse:
+        return JSONResponse(tokenization.detokenize(request).model_dump(mode="json"))
+
+    return app
+
+
+def config_summary(engine: AsyncLLM, host: str, port: int, api_key: str | None) -> str:
+    """The start-up banner: the resolved settings that matter for serving, and the URL."""
+    cfg = engine.vllm_config
+    mc, cc, sc = cfg.model_config, cfg.cache_config, cfg.scheduler_config
+    num_blocks = getattr(engine.engine.scheduler.kv_cache_manager.block_pool, "num_blocks", None)
+    rows = {
+        "model": mc.model,
+        "served model name": mc.served_model_name,
+        "dtype": str(mc.dtype).replace("torch.", ""),
+        "max_model_len": mc.max_model_len,
+        "KV cache": f"{num_blocks} blocks x {cc.block_size} tokens",
+        "prefix caching": cc.enable_prefix_caching,
+        "max_num_seqs": sc.max_num_seqs,
+        "max_num_batched_tokens": sc.max_num_batched_tokens,
+        "chunked prefill": sc.enable_chunked_prefill,
+        "optimization level": getattr(cfg.optimization_level, "name", cfg.optimization_level),
+        "compilation mode": getattr(cfg.compilation_config.mode, "name", None),
+        "device": getattr(cfg.device_config, "device_type", None),
+        "shutdown_timeout": f"{cfg.shutdown_timeout} s",
+        "API key": "required" if api_key else "not required",
+    }
+    width = max(len(k) for k in rows)
+    lines = [f"minivllm {__version__} OpenAI-compatible server"]
+    lines += [f"  {k.ljust(width)}  {v}" for k, v in rows.items()]
+    url = f"http://{host}:{port}"
+    lines.append(f"Serving on {url}  (OpenAI base_url: {url}/v1, ready when {url}/health is 200)")
+    return "\n".join(lines)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Load the engine, print the configuration summary and serve until SIGTERM/SIGINT."""
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.engine.llm_engine import LLMEngine
+
+    engine_args = EngineArgs.from_cli_args(args)
+    if getattr(args, "model_tag", None) is not None:
+        engine_args.set_user_arg("model", args.model_tag)
+    vllm_config = engine_args.create_engine_config()
+    mc = vllm_config.model_config
+    registry = CollectorRegistry()
+    stat_logger = PrometheusStatLogger(mc.served_model_name, mc.max_model_len, registry)
+    engine = AsyncLLM(LLMEngine(vllm_config), stat_loggers=[stat_logger])
+    app = build_app(
+        engine, api_key=args.api_key, max_log_len=args.max_log_len, stat_logger=stat_logger
+    )
+    print(config_summary(engine, args.host, args.port, args.api_key), flush=True)
+
+    timeout = float(vllm_config.shutdown_timeout)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.uvicorn_log_level,
+        timeout_graceful_shutdown=timeout + SHUTDOWN_GRACE_S,
+        timeout_keep_alive=5,
+    )
+    server = _Server(config, on_exit=lambda: engine.begin_shutdown(timeout))
+    server.run()
+    return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server that also tells the engine to drain when a signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+__all__ = ["build_app", "config_summary", "run_server"]

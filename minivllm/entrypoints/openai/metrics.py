@@ -1,0 +1,147 @@
+"""Prometheus metrics under vLLM's names, so vLLM's Grafana dashboards work unchanged.
+
+Every server app owns its own `CollectorRegistry` (two apps in one process, as in
+tests, never collide).  `PrometheusStatLogger.record` is called by the engine
+thread after every step; prometheus_client's metrics are thread-safe.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from minivllm.engine.async_llm import IterationStats
+from minivllm.scheduler.scheduler import SchedulerStats
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
+"""Time-to-first-token buckets (seconds), vLLM's."""
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]  # fmt: skip
+"""Inter-token latency buckets (seconds), vLLM's."""
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
+"""End-to-end request latency buckets (seconds), vLLM's."""
+FINISH_REASONS = ("stop", "length", "abort")
+"""finished_reason label values, pre-created so a dashboard sees zeros, not gaps."""
+
+
+class PrometheusStatLogger:
+    """The engine statistics as Prometheus metrics, labelled with the served model name."""
+
+    def __init__(self, model_name: str, max_model_len: int, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        labels = ["model_name", "engine"]
+        values = {"model_name": model_name, "engine": "0"}
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=registry).labels(**values)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=registry).labels(**values)
+
+        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=registry).labels(**values)
+
+        self.num_requests_running = gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        self.num_requests_waiting = gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        )
+        self.kv_cache_usage = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens."
+        )
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative preemptions.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token, in seconds.", TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Inter-token latency, in seconds.", ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency, in seconds.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        length_buckets = _length_buckets(max_model_len)
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Prompt tokens per request.", length_buckets
+        )
+        self.request_generation_tokens = histogram(
+            "vllm:request_generation_tokens", "Generated tokens per request.", length_buckets
+        )
+        success = Counter(
+            "vllm:request_success",
+            "Successfully processed requests, by finish reason.",
+            [*labels, "finished_reason"],
+            registry=registry,
+        )
+        self.request_success = {
+            reason: success.labels(**values, finished_reason=reason) for reason in FINISH_REASONS
+        }
+        self._success = success
+        self._values = values
+        # SchedulerStats counters are cumulative; Prometheus counters take increments.
+        self._last_queries = 0
+        self._last_hits = 0
+        self._last_preemptions = 0
+
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+        """Update every metric from one engine step (engine thread)."""
+        s = scheduler_stats
+        self.num_requests_running.set(s.num_running_reqs)
+        self.num_requests_waiting.set(s.num_waiting_reqs)
+        self.kv_cache_usage.set(s.kv_cache_usage)
+        self.prefix_cache_queries.inc(max(0, s.prefix_cache_queries - self._last_queries))
+        self.prefix_cache_hits.inc(max(0, s.prefix_cache_hits - self._last_hits))
+        self.num_preemptions.inc(max(0, s.num_preemptions - self._last_preemptions))
+        self._last_queries = s.prefix_cache_queries
+        self._last_hits = s.prefix_cache_hits
+        self._last_preemptions = s.num_preemptions
+
+        it = iteration_stats
+        self.prompt_tokens.inc(it.num_prompt_tokens)
+        self.generation_tokens.inc(it.num_generation_tokens)
+        for value in it.time_to_first_tokens:
+            self.ttft.observe(value)
+        for value in it.inter_token_latencies:
+            self.itl.observe(value)
+        for finished in it.finished_requests:
+            counter = self.request_success.get(finished.finish_reason)
+            if counter is None:
+                counter = self._success.labels(
+                    **self._values, finished_reason=finished.finish_reason
+                )
+            counter.inc()
+            self.e2e.observe(finished.e2e_latency)
+            self.request_prompt_tokens.observe(finished.num_prompt_tokens)
+            self.request_generation_tokens.observe(finished.num_generation_tokens)
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+def _length_buckets(max_model_len: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to max_model_len (vLLM's 1-2-5 series)."""
+    buckets: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_model_len:
+                return buckets
+            buckets.append(float(value))
+        exponent += 1
+
+
+__all__ = ["CONTENT_TYPE_LATEST", "PrometheusStatLogger"]

@@ -1,0 +1,230 @@
+"""``POST /v1/chat/completions``: messages rendered with the model's chat template.
+
+In a stream each choice's first chunk carries ``delta.role``, content follows in
+later chunks, and the chunk that ends a choice carries its ``finish_reason``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from minivllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatLogProbContent,
+    ChatLogProbEntry,
+    ChatLogProbs,
+    ChatMessage,
+    ChatResponseMessage,
+    DeltaMessage,
+    random_id,
+)
+from minivllm.entrypoints.openai.serving_engine import (
+    SSE_DONE,
+    OpenAIServing,
+    OpenAIServingError,
+    clamp_logprob,
+    sse,
+    sse_error,
+    usage_of,
+)
+from minivllm.outputs import Logprob, RequestOutput
+
+ROLE = "assistant"
+"""The role of every generated message."""
+
+
+class OpenAIServingChat(OpenAIServing):
+    """Handler of the chat completions endpoint (and of chat-style /tokenize)."""
+
+    def render(
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """The conversation's prompt token ids (400 for content the template cannot take)."""
+        from minivllm.tokenizer import apply_chat_template
+
+        if continue_final_message and add_generation_prompt:
+            raise OpenAIServingError(
+                "continue_final_message and add_generation_prompt cannot both be true",
+                param="continue_final_message",
+            )
+        try:
+            conversation = []
+            for message in messages:
+                entry: dict[str, Any] = {"role": message.role, "content": message.text()}
+                if message.name is not None:
+                    entry["name"] = message.name
+                conversation.append(entry)
+            kwargs = dict(chat_template_kwargs or {})
+            if continue_final_message:
+                kwargs["continue_final_message"] = True
+            ids = apply_chat_template(
+                self.tokenizer,
+                conversation,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                chat_template=chat_template,
+                **kwargs,
+            )
+        except OpenAIServingError:
+            raise
+        except Exception as exc:  # jinja errors too: the messages do not fit the template
+            raise OpenAIServingError(
+                f"cannot apply the chat template: {exc}", param="messages"
+            ) from None
+        assert isinstance(ids, list)
+        return ids
+
+    async def create_chat_completion(
+        self, request: ChatCompletionRequest
+    ) -> ChatCompletionResponse | AsyncIterator[str]:
+        """The response, or the SSE stream when ``stream`` is set."""
+        model = self.check_model(request.model)
+        params = self.make_params(request)
+        ids = self.render(
+            request.messages,
+            request.add_generation_prompt,
+            request.continue_final_message,
+            request.chat_template,
+            request.chat_template_kwargs,
+        )
+        self.validate(ids, params)
+        request_id = request.request_id or random_id("chatcmpl")
+        self.log_request(request_id, self.tokenizer.decode(ids), ids, params)
+        generator = self.iterate(ids, params, request_id, request.priority)
+        created = int(time.time())
+        if request.stream:
+            return self._stream(request, request_id, created, model, len(ids), generator)
+        final: RequestOutput | None = None
+        try:
+            async for output in generator:
+                final = output
+        except Exception as exc:
+            raise OpenAIServingError.from_exception(exc) from None
+        assert final is not None
+        choices = []
+        num_completion_tokens = 0
+        for completion in final.outputs:
+            num_completion_tokens += len(completion.token_ids)
+            logprobs = None
+            if request.logprobs:
+                logprobs = self.chat_logprobs(
+                    completion.token_ids, completion.logprobs or [], request.top_logprobs or 0
+                )
+            choices.append(
+                ChatCompletionResponseChoice(
+                    index=completion.index,
+                    message=ChatResponseMessage(role=ROLE, content=completion.text),
+                    logprobs=logprobs,
+                    finish_reason=completion.finish_reason,
+                    stop_reason=completion.stop_reason,
+                )
+            )
+        return ChatCompletionResponse(
+            id=request_id,
+            created=created,
+            model=model,
+            choices=choices,
+            usage=usage_of(len(ids), num_completion_tokens),
+        )
+
+    async def _stream(
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        created: int,
+        model: str,
+        num_prompt_tokens: int,
+        generator: AsyncIterator[RequestOutput],
+    ) -> AsyncIterator[str]:
+        opts = request.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = bool(include_usage and opts and opts.continuous_usage_stats)
+        num_tokens = [0] * request.n
+
+        def chunk(index: int, delta: DeltaMessage, **kwargs: Any) -> str:
+            body = ChatCompletionStreamResponse(
+                id=request_id,
+                created=created,
+                model=model,
+                choices=[ChatCompletionResponseStreamChoice(index=index, delta=delta, **kwargs)],
+            )
+            if continuous:
+                body.usage = usage_of(num_prompt_tokens, sum(num_tokens))
+            return sse(body)
+
+        try:
+            # Role first, for every choice, before any content (as OpenAI and vLLM do).
+            for index in range(request.n):
+                yield chunk(index, DeltaMessage(role=ROLE, content=""), logprobs=None,
+                            finish_reason=None)  # fmt: skip
+            async for output in generator:
+                for completion in output.outputs:
+                    num_tokens[completion.index] += len(completion.token_ids)
+                    finished = completion.finish_reason is not None
+                    if not completion.text and not finished and not completion.token_ids:
+                        continue
+                    logprobs = None
+                    if request.logprobs:
+                        logprobs = self.chat_logprobs(
+                            completion.token_ids,
+                            completion.logprobs or [],
+                            request.top_logprobs or 0,
+                        )
+                    extra: dict[str, Any] = {"logprobs": logprobs, "finish_reason": None}
+                    if finished:
+                        extra["finish_reason"] = completion.finish_reason
+                        extra["stop_reason"] = completion.stop_reason
+                    yield chunk(completion.index, DeltaMessage(content=completion.text), **extra)
+            if include_usage:
+                yield sse(
+                    ChatCompletionStreamResponse(
+                        id=request_id,
+                        created=created,
+                        model=model,
+                        choices=[],
+                        usage=usage_of(num_prompt_tokens, sum(num_tokens)),
+                    )
+                )
+        except Exception as exc:
+            yield sse_error(exc)
+        yield SSE_DONE
+
+    def chat_logprobs(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[dict[int, Logprob] | None],
+        num_top: int,
+    ) -> ChatLogProbs:
+        """The chat API's ``logprobs.content`` list for ``token_ids``."""
+        content = []
+        for token_id, position in zip(token_ids, logprobs, strict=False):
+            if position is None or token_id not in position:
+                continue
+            entry = position[token_id]
+            top = sorted(
+                ((tid, lp) for tid, lp in position.items() if lp.rank is not None),
+                key=lambda item: item[1].rank or 0,
+            )
+            tops = [self._entry(tid, lp) for tid, lp in top if (lp.rank or 0) <= num_top]
+            main = self._entry(token_id, entry)
+            content.append(ChatLogProbContent(**main.model_dump(), top_logprobs=tops[:num_top]))
+        return ChatLogProbs(content=content)
+
+    def _entry(self, token_id: int, lp: Logprob) -> ChatLogProbEntry:
+        token = (
+            lp.decoded_token if lp.decoded_token is not None else self.tokenizer.decode([token_id])
+        )
+        return ChatLogProbEntry(
+            token=token, logprob=clamp_logprob(lp.logprob), bytes=list(token.encode("utf-8"))
+        )

@@ -1,0 +1,253 @@
+"""``POST /v1/completions``: one engine request per prompt, ``n`` completions each.
+
+Choice indices follow vLLM: prompt ``p``'s completion ``i`` is choice ``p * n + i``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from minivllm.entrypoints.openai.protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
+    random_id,
+)
+from minivllm.entrypoints.openai.serving_engine import (
+    SSE_DONE,
+    OpenAIServing,
+    OpenAIServingError,
+    clamp_logprob,
+    merge_async_iterators,
+    sse,
+    sse_error,
+    usage_of,
+)
+from minivllm.outputs import Logprob, RequestOutput
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    """Handler of the completions endpoint."""
+
+    def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        """``(text or None, token ids)`` for each prompt of the request."""
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            texts: list[str | list[int]] = [prompt]
+        elif prompt and isinstance(prompt[0], (str, list)):
+            texts = list(prompt)  # type: ignore[arg-type]
+        else:
+            texts = [prompt]  # type: ignore[list-item]
+        result: list[tuple[str | None, list[int]]] = []
+        for item in texts:
+            if isinstance(item, str):
+                result.append((item, self.encode(item, request.add_special_tokens)))
+            else:
+                result.append((None, list(item)))
+        return result
+
+    async def create_completion(
+        self, request: CompletionRequest
+    ) -> CompletionResponse | AsyncIterator[str]:
+        """The response, or the SSE stream when ``stream`` is set (errors before the first
+        token raise `OpenAIServingError`)."""
+        model = self.check_model(request.model)
+        if request.suffix is not None:
+            raise OpenAIServingError("suffix is not supported", param="suffix")
+        if request.best_of is not None and request.best_of != request.n:
+            raise OpenAIServingError("best_of must equal n (or be unset)", param="best_of")
+        params = self.make_params(request)
+        prompts = self._prompts(request)
+        for _, ids in prompts:
+            self.validate(ids, params)
+        request_id = request.request_id or random_id("cmpl")
+        generators = []
+        for i, (text, ids) in enumerate(prompts):
+            sub_id = f"{request_id}-{i}"
+            self.log_request(sub_id, text, ids, params)
+            generators.append(self.iterate(ids, params, sub_id, request.priority))
+        created = int(time.time())
+        if request.stream:
+            return self._stream(request, request_id, created, model, prompts, generators)
+        return await self._full(request, request_id, created, model, prompts, generators)
+
+    def _prompt_text(self, text: str | None, ids: list[int]) -> str:
+        return text if text is not None else self.tokenizer.decode(ids)
+
+    async def _full(
+        self,
+        request: CompletionRequest,
+        request_id: str,
+        created: int,
+        model: str,
+        prompts: list[tuple[str | None, list[int]]],
+        generators: list[AsyncIterator[RequestOutput]],
+    ) -> CompletionResponse:
+        finals: dict[int, RequestOutput] = {}
+        try:
+            async for index, output in merge_async_iterators(*generators):
+                finals[index] = output
+        except Exception as exc:
+            raise OpenAIServingError.from_exception(exc) from None
+        choices = []
+        num_prompt_tokens = num_completion_tokens = 0
+        for p, (text, ids) in enumerate(prompts):
+            output = finals[p]
+            num_prompt_tokens += len(ids)
+            for completion in output.outputs:
+                num_completion_tokens += len(completion.token_ids)
+                out_text, token_ids, logprobs = completion.text, completion.token_ids, None
+                prefix_ids: list[int] = []
+                prefix_lps: list[dict[int, Logprob] | None] = []
+                if request.echo:
+                    out_text = self._prompt_text(text, ids) + out_text
+                    prefix_ids = ids
+                    prefix_lps = list(output.prompt_logprobs or [None] * len(ids))
+                if request.logprobs is not None:
+                    logprobs = self.legacy_logprobs(
+                        [*prefix_ids, *token_ids],
+                        [*prefix_lps, *(completion.logprobs or [])],
+                        request.logprobs,
+                        0,
+                    )
+                choices.append(
+                    CompletionResponseChoice(
+                        index=p * request.n + completion.index,
+                        text=out_text,
+                        logprobs=logprobs,
+                        finish_reason=completion.finish_reason,
+                        stop_reason=completion.stop_reason,
+                    )
+                )
+        choices.sort(key=lambda c: c.index)
+        return CompletionResponse(
+            id=request_id,
+            created=created,
+            model=model,
+            choices=choices,
+            usage=usage_of(num_prompt_tokens, num_completion_tokens),
+        )
+
+    async def _stream(
+        self,
+        request: CompletionRequest,
+        request_id: str,
+        created: int,
+        model: str,
+        prompts: list[tuple[str | None, list[int]]],
+        generators: list[AsyncIterator[RequestOutput]],
+    ) -> AsyncIterator[str]:
+        n = request.n
+        opts = request.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = bool(include_usage and opts and opts.continuous_usage_stats)
+        num_choices = len(prompts) * n
+        echoed = [False] * num_choices
+        offsets = [0] * num_choices
+        num_tokens = [0] * num_choices
+        num_prompt_tokens = sum(len(ids) for _, ids in prompts)
+        try:
+            async for p, output in merge_async_iterators(*generators):
+                text, ids = prompts[p]
+                for completion in output.outputs:
+                    index = p * n + completion.index
+                    delta_text = completion.text
+                    delta_ids: Sequence[int] = completion.token_ids
+                    delta_lps: list[dict[int, Logprob] | None] = list(completion.logprobs or [])
+                    if request.echo and not echoed[index]:
+                        echoed[index] = True
+                        delta_text = self._prompt_text(text, ids) + delta_text
+                        delta_ids = [*ids, *delta_ids]
+                        prompt_lps = list(output.prompt_logprobs or [None] * len(ids))
+                        delta_lps = [*prompt_lps, *delta_lps]
+                    num_tokens[index] += len(completion.token_ids)
+                    logprobs = None
+                    if request.logprobs is not None:
+                        logprobs = self.legacy_logprobs(
+                            delta_ids, delta_lps, request.logprobs, offsets[index]
+                        )
+                    offsets[index] += len(delta_text)
+                    if not delta_text and completion.finish_reason is None and not delta_ids:
+                        continue
+                    chunk = CompletionStreamResponse(
+                        id=request_id,
+                        created=created,
+                        model=model,
+                        choices=[
+                            CompletionResponseStreamChoice(
+                                index=index,
+                                text=delta_text,
+                                logprobs=logprobs,
+                                finish_reason=completion.finish_reason,
+                                stop_reason=completion.stop_reason,
+                            )
+                        ],
+                    )
+                    if continuous:
+                        chunk.usage = usage_of(num_prompt_tokens, sum(num_tokens))
+                    yield sse(chunk)
+            if include_usage:
+                yield sse(
+                    CompletionStreamResponse(
+                        id=request_id,
+                        created=created,
+                        model=model,
+                        choices=[],
+                        usage=usage_of(num_prompt_tokens, sum(num_tokens)),
+                    )
+                )
+        except Exception as exc:
+            yield sse_error(exc)
+        yield SSE_DONE
+
+    def legacy_logprobs(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[dict[int, Logprob] | None],
+        num_top: int,
+        initial_offset: int,
+    ) -> CompletionLogProbs:
+        """The completions API's ``logprobs`` object for ``token_ids``."""
+        return build_legacy_logprobs(token_ids, logprobs, num_top, initial_offset, self._decode)
+
+    def _decode(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+
+def build_legacy_logprobs(
+    token_ids: Sequence[int],
+    logprobs: Sequence[dict[int, Logprob] | None],
+    num_top: int,
+    initial_offset: int,
+    decode: Callable[[int], str],
+) -> CompletionLogProbs:
+    """tokens / token_logprobs / top_logprobs / text_offset, one entry per token.
+
+    A position without logprobs (the first prompt token) gets None entries.  Each
+    top_logprobs dict holds the sampled token plus the ``num_top`` most likely ones.
+    """
+    result = CompletionLogProbs()
+    offset = initial_offset
+    for token_id, position in zip(token_ids, logprobs, strict=False):
+        entry = position.get(token_id) if position else None
+        token = entry.decoded_token if entry and entry.decoded_token is not None else None
+        token = token if token is not None else decode(token_id)
+        result.tokens.append(token)
+        result.text_offset.append(offset)
+        offset += len(token)
+        if position is None or entry is None:
+            result.token_logprobs.append(None)
+            result.top_logprobs.append(None)
+            continue
+        result.token_logprobs.append(clamp_logprob(entry.logprob))
+        top: dict[str, float] = {}
+        for tid, lp in position.items():
+            if tid == token_id or (lp.rank is not None and lp.rank <= num_top):
+                name = lp.decoded_token if lp.decoded_token is not None else decode(tid)
+                top[name] = clamp_logprob(lp.logprob)
+        result.top_logprobs.append(top)
+    return result

@@ -1,0 +1,57 @@
+"""``minivllm serve [MODEL] [engine flags] [server flags]``: the OpenAI-compatible server.
+
+With no MODEL it serves the bundled default model.  Every engine flag of
+``minivllm config`` applies; the server flags are listed under "server".
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The optional MODEL, the server flags and every engine flag."""
+    from minivllm.engine.arg_utils import EngineArgs
+
+    parser.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="Model name or path (default: the bundled SmolLM2-135M-Instruct GGUF).",
+    )
+    server = parser.add_argument_group("server")
+    server.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="Interface to listen on (default: 127.0.0.1; use 0.0.0.0 for every interface).",
+    )
+    server.add_argument("--port", type=int, default=8000, help="Port to listen on.")
+    server.add_argument(
+        "--api-key",
+        default=None,
+        help="If set, /v1 requests must send 'Authorization: Bearer <key>' (else 401).",
+    )
+    server.add_argument(
+        "--max-log-len",
+        type=int,
+        default=None,
+        help="Most prompt characters and token ids shown per logged request (default: all).",
+    )
+    server.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="Log level of uvicorn (the HTTP server).",
+    )
+    EngineArgs.add_cli_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the server; returns when it has shut down."""
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"argument --port: {args.port} is not a TCP port (0-65535)")
+    if args.max_log_len is not None and args.max_log_len < 0:
+        raise ValueError(f"argument --max-log-len: must be >= 0, got {args.max_log_len}")
+    from minivllm.entrypoints.openai.api_server import run_server
+
+    return run_server(args)

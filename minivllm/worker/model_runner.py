@@ -28,6 +28,7 @@ from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SAMPLING_EPS
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from minivllm.worker.forward_runner import ForwardRunner
 from minivllm.worker.input_batch import CachedRequestState, StepInputs, build_step_inputs
 
 logger = init_logger(__name__)
@@ -47,6 +48,7 @@ class ModelRunner:
         self.states: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
         self.model: torch.nn.Module | None = None
+        self.forward_runner: ForwardRunner | None = None
         self.attn_layers: dict[str, Any] = {}
         self.kv_caches: list[torch.Tensor] = []
         self.vocab_size: int = self.model_config.get_vocab_size()
@@ -61,6 +63,11 @@ class ModelRunner:
             )
         self.model.eval()
         self.attn_layers = get_attention_layers(self.model)
+        # Compilation (CompilationConfig.mode) and CUDA graphs: see worker/forward_runner.py.
+        self.forward_runner = ForwardRunner(
+            self.model, self.vllm_config, self.attn_layers, self.device
+        )
+        self.forward_runner.compile_and_warm_up()
 
     def kv_cache_bytes_per_block(self) -> int:
         """Bytes one KV block takes over all layers."""
@@ -85,6 +92,8 @@ class ModelRunner:
             self.device,
         )
         bind_kv_caches(self.attn_layers, self.kv_caches)
+        if self.forward_runner is not None:
+            self.forward_runner.capture_cudagraphs()
 
     # -- per step -----------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -123,8 +132,13 @@ class ModelRunner:
         inputs = build_step_inputs(
             self.states, req_ids, so.num_scheduled_tokens, self.block_size, self.device
         )
-        with set_forward_context(inputs.attn_metadata, self.attn_layers):
-            hidden = self.model(inputs.input_ids, inputs.positions)
+        if self.forward_runner is not None:
+            hidden = self.forward_runner.run(
+                inputs.input_ids, inputs.positions, inputs.attn_metadata
+            )
+        else:
+            with set_forward_context(inputs.attn_metadata, self.attn_layers):
+                hidden = self.model(inputs.input_ids, inputs.positions)
         prompt_logprobs = self._prompt_logprobs(hidden, inputs)
 
         sampled: dict[str, int] = {}

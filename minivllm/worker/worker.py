@@ -51,6 +51,11 @@ class Worker:
         if self.device.type == "cpu":
             threads = configure_cpu_threads()
             logger.info("CPU worker: %d torch threads", threads)
+        seed = vllm_config.model_config.seed
+        if seed is not None:
+            # Unseeded random sampling draws from the global generator: seeding it
+            # makes a whole engine run reproducible, as vLLM's --seed does.
+            torch.manual_seed(seed)
         self.model_runner = ModelRunner(vllm_config, self.device)
         self.num_blocks = 0
 

@@ -2,17 +2,44 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from minivllm.attention.backends.cpu_sdpa import CpuSdpaBackend
 
 _BACKENDS: dict[str, type[CpuSdpaBackend]] = {CpuSdpaBackend.name: CpuSdpaBackend}
 
 
-def get_attn_backend(name: str | None = None) -> CpuSdpaBackend:
-    """An instance of the backend called ``name`` (default: the SDPA backend).
+def _cuda_default() -> Any | None:
+    """The Triton paged backend on CUDA (importing triton only there), if it applies."""
+    from minivllm.platforms import current_platform
 
-    The SDPA backend is plain torch, so it also serves CUDA until a dedicated
-    kernel backend is added here.
+    if not current_platform.is_cuda():
+        return None
+    try:
+        from minivllm.attention.backends.triton_paged import TritonPagedBackend, supports
+    except ImportError:
+        return None
+    from minivllm.model_executor.custom_op import current_vllm_config
+
+    cfg = current_vllm_config()
+    block_size = getattr(getattr(cfg, "cache_config", None), "block_size", None) or 16
+    return TritonPagedBackend() if supports(block_size) else None
+
+
+def get_attn_backend(name: str | None = None) -> Any:
+    """An instance of the backend called ``name``.
+
+    Default: the Triton paged backend on CUDA (CUDA graph safe), else the SDPA
+    backend (plain torch, any device).
     """
+    if name is None:
+        backend = _cuda_default()
+        if backend is not None:
+            return backend
+    if name == "TRITON_PAGED":
+        from minivllm.attention.backends.triton_paged import TritonPagedBackend
+
+        return TritonPagedBackend()
     key = name or CpuSdpaBackend.name
     if key not in _BACKENDS:
         raise ValueError(

@@ -1,0 +1,158 @@
+"""`VllmBackend`: the torch.compile backend of CompilationMode.VLLM_COMPILE.
+
+Dynamo hands it the model's forward traced once with a symbolic token count.
+It runs the PassConfig passes, splits the graph at ``splitting_ops`` and
+replaces each piece between them by a `PiecewiseBackend` that holds the
+compiled code for every compile range and compile size.  Splitting ops stay
+eager (attention reads the step's metadata); on CUDA each piece can be wrapped
+for piecewise CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+
+from minivllm.compilation.cache import CompileCache, local_cache_dir
+from minivllm.compilation.compiler import PieceCompiler
+from minivllm.compilation.counter import compilation_counter
+from minivllm.compilation.passes import run_passes
+from minivllm.compilation.piecewise import PiecewiseBackend
+from minivllm.compilation.split import SplitItem, split_graph
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+class _PieceInstaller(torch.fx.Interpreter):
+    """Runs the split module on fake inputs and swaps each piece for its compiled form.
+
+    Running it is what gives every piece its example inputs (with the symbolic token
+    count), in execution order.
+    """
+
+    def __init__(
+        self,
+        module: fx.GraphModule,
+        names: set[str],
+        make_piece: Callable[[str, fx.GraphModule, list[Any]], Callable[..., Any]],
+        fake_mode: Any,
+    ) -> None:
+        super().__init__(module)
+        self.names = names
+        self.make_piece = make_piece
+        self.fake_mode = fake_mode
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        from torch._dispatch.python import enable_python_dispatcher
+
+        with self.fake_mode, enable_python_dispatcher():
+            return super().run(*args, **kwargs)
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        output = super().call_module(target, args, kwargs)
+        if target in self.names:
+            submod = self.fetch_attr(target)
+            # The generated forward calls self.<target>(...); an instance attribute
+            # shadows the registered submodule without unregistering it.
+            self.module.__dict__[target] = self.make_piece(target, submod, list(args))
+        return output
+
+
+class VllmBackend:
+    """Split-and-compile backend; one instance per compiled module (``prefix``)."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        prefix: str = "",
+        is_encoder: bool = False,
+        use_aot_compile: bool = True,
+    ) -> None:
+        self.vllm_config = vllm_config
+        self.compilation_config = vllm_config.compilation_config
+        self.prefix = prefix or "model"
+        self.is_encoder = is_encoder
+        # Dynamo re-traces on every start; the compiled pieces are what the disk cache
+        # keeps. Full AOT (saving the Dynamo bytecode too) is not implemented.
+        self.use_aot_compile = use_aot_compile
+        self.split_gm: fx.GraphModule | None = None
+        self.items: list[SplitItem] = []
+        self.pieces: list[PiecewiseBackend] = []
+        self.compiler: PieceCompiler | None = None
+        self.piece_wrapper: Callable[[Callable[..., Any], int, int], Callable[..., Any]] | None = (
+            None
+        )
+        """Set by the model runner on CUDA to wrap each piece for piecewise graph capture."""
+
+    @property
+    def use_inductor(self) -> bool:
+        return self.compilation_config.backend == "inductor"
+
+    def _make_compiler(self) -> PieceCompiler:
+        cc = self.compilation_config
+        cache = None
+        if self.use_inductor and not _cache_disabled():
+            directory = local_cache_dir(self.vllm_config, self.prefix)
+            cache = CompileCache(directory, cc.compile_cache_save_format)
+            logger.info("compile cache: %s (%s)", directory, cc.compile_cache_save_format)
+        return PieceCompiler(self.use_inductor, cc.inductor_compile_config, cache)
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        start = time.perf_counter()
+        cc = self.compilation_config
+        compilation_counter.num_graphs_seen += 1
+        passes = run_passes(gm, cc.pass_config)
+        splitting_ops = list(cc.splitting_ops or [])
+        self.split_gm, self.items = split_graph(gm, splitting_ops)
+        to_compile = [item for item in self.items if not item.is_splitting_graph]
+        compilation_counter.num_piecewise_graphs_seen += len(to_compile)
+        compilation_counter.num_splitting_ops_seen += len(self.items) - len(to_compile)
+        self.compiler = self._make_compiler()
+        ranges = cc.get_compile_ranges()
+        sizes = [int(s) for s in cc.compile_sizes or []]
+        num_pieces = len(to_compile)
+
+        def make_piece(name: str, submod: fx.GraphModule, args: list[Any]) -> Callable[..., Any]:
+            assert self.compiler is not None
+            index = len(self.pieces)
+            piece = PiecewiseBackend(submod, index, args, self.compiler, ranges, sizes)
+            self.pieces.append(piece)
+            if self.piece_wrapper is not None:
+                return self.piece_wrapper(piece, index, num_pieces)
+            return piece
+
+        fake_mode = detect_fake_mode(example_inputs)
+        assert fake_mode is not None, "VllmBackend runs inside a Dynamo trace"
+        fake_args = [
+            fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs
+        ]
+        _PieceInstaller(
+            self.split_gm, {i.submod_name for i in to_compile}, make_piece, fake_mode
+        ).run(*fake_args)
+        elapsed = time.perf_counter() - start
+        logger.info(
+            "VLLM_COMPILE (%s): %d pieces around %d splitting ops, passes %s; "
+            "%.2f s compiling (backend %r)",
+            self.prefix,
+            num_pieces,
+            len(self.items) - num_pieces,
+            passes,
+            elapsed,
+            cc.backend,
+        )
+        return self.split_gm
+
+
+def _cache_disabled() -> bool:
+    import os
+
+    return os.environ.get("MINIVLLM_DISABLE_COMPILE_CACHE", "").strip().lower() in ("1", "true")
+
+
+__all__ = ["VllmBackend"]

@@ -1,0 +1,88 @@
+"""The on-disk cache of compiled pieces.
+
+Layout: ``<cache_dir>/rank_<r>/<prefix>/`` holds one artifact per compiled entry
+(``artifact_<key>`` written by Inductor's `CompiledArtifact.save` in
+``compile_cache_save_format``) and ``cache_index.json`` mapping each entry key to
+its artifact.  The default ``cache_dir`` is
+``<cache root>/torch_compile_cache/<VllmConfig.compute_hash()>``, so a changed
+hashed config field lands in a fresh directory and recompiles, while an unhashed
+field (KV-cache size, logging, ...) reuses the artifacts.  An entry key hashes the
+piece's graph, so edited model code misses instead of loading a stale kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from minivllm import envs
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+INDEX_FILE = "cache_index.json"
+
+
+def default_cache_dir(vllm_config: Any) -> Path:
+    """``<cache root>/torch_compile_cache/<config hash>``: one directory per config."""
+    return envs.cache_root() / "torch_compile_cache" / vllm_config.compute_hash()
+
+
+def local_cache_dir(vllm_config: Any, prefix: str) -> Path:
+    """This rank's directory for the module ``prefix``; also recorded in the config."""
+    cc = vllm_config.compilation_config
+    base = Path(cc.cache_dir).expanduser() if cc.cache_dir else default_cache_dir(vllm_config)
+    rank = getattr(vllm_config.parallel_config, "rank", 0)
+    path = base / f"rank_{rank}" / (prefix or "model")
+    cc.local_cache_dir = str(path)
+    return path
+
+
+class CompileCache:
+    """Artifacts of compiled pieces under one directory, found through an index file."""
+
+    def __init__(self, directory: Path, save_format: str) -> None:
+        self.directory = directory
+        self.save_format = save_format
+        self.index_path = directory / INDEX_FILE
+        self.index: dict[str, str] = {}
+        if self.index_path.is_file():
+            try:
+                self.index = json.loads(self.index_path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                logger.warning(
+                    "ignoring unreadable compile cache index %s: %s", self.index_path, exc
+                )
+
+    def load(self, key: str) -> Any | None:
+        """The compiled artifact stored under ``key``, or None on a miss."""
+        name = self.index.get(key)
+        if name is None:
+            return None
+        path = self.directory / name
+        if not path.exists():
+            return None
+        from torch._inductor import CompiledArtifact
+
+        try:
+            return CompiledArtifact.load(path=str(path), format=self.save_format)
+        except Exception as exc:  # a corrupt or incompatible artifact is only a miss
+            logger.warning("could not load compiled artifact %s (%s); recompiling", path, exc)
+            return None
+
+    def save(self, key: str, artifact: Any) -> None:
+        """Write ``artifact`` and record it in the index (atomically replaced)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        name = f"artifact_{key}"
+        artifact.save(path=str(self.directory / name), format=self.save_format)
+        self.index[key] = name
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".index")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.index, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.index_path)
+
+
+__all__ = ["CompileCache", "default_cache_dir", "local_cache_dir"]

@@ -1,0 +1,130 @@
+"""Compiling one piece of the split graph with Inductor or the eager backend.
+
+`PieceCompiler` is the only place that calls into a compiler, so its counters
+are the truth about what a start-up compiled: identical pieces (every middle
+decoder layer has the same graph, only its weight inputs differ) are compiled
+once and shared, and a piece found in the on-disk cache is loaded, not compiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from minivllm.compilation.cache import CompileCache
+from minivllm.compilation.counter import compilation_counter
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"T({value.dtype},{tuple(value.shape)},{value.stride()},{value.device.type})"
+    if isinstance(value, torch.SymInt | int):
+        return f"I({value})"
+    return type(value).__name__
+
+
+def graph_key(gm: fx.GraphModule, example_args: list[Any], label: str) -> str:
+    """A hash of what the piece computes, independent of its node and input names.
+
+    Two decoder layers produce pieces that differ only in the names of their weight
+    placeholders; renaming every node to its position makes them hash alike.
+    """
+    index: dict[fx.Node, int] = {}
+    lines = [f"label={label}", f"torch={torch.__version__}"]
+
+    def ref(a: Any) -> Any:
+        return fx.node.map_arg(a, lambda n: f"%{index[n]}")
+
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        target = node.target
+        name = target if isinstance(target, str) else getattr(target, "__qualname__", str(target))
+        mod = getattr(target, "__module__", "")
+        lines.append(f"{node.op}|{mod}.{name}|{ref(node.args)!r}|{ref(node.kwargs)!r}")
+    lines += [_describe(a) for a in example_args]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:24]
+
+
+def _match_output_structure(gm: fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Make ``fn`` return what ``gm`` returns: a loaded artifact returns a flat list."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returns_tuple = isinstance(output.args[0], tuple | list)
+
+    def call(*args: Any) -> Any:
+        result = fn(*args)
+        if isinstance(result, list | tuple):
+            return tuple(result) if returns_tuple else result[0]
+        return result
+
+    return call
+
+
+class PieceCompiler:
+    """Compiles pieces for one model, sharing results in memory and on disk."""
+
+    def __init__(
+        self,
+        use_inductor: bool,
+        inductor_config: dict[str, Any],
+        cache: CompileCache | None,
+    ) -> None:
+        self.use_inductor = use_inductor
+        self.inductor_config = dict(inductor_config)
+        self.cache = cache
+        self._compiled: dict[str, Callable[..., Any]] = {}
+        self.compile_seconds = 0.0
+
+    def compile(
+        self, gm: fx.GraphModule, example_args: list[Any], label: str, dynamic: bool
+    ) -> Callable[..., Any]:
+        """A callable running ``gm``; ``label`` names the shape entry ("range_1_512",
+        "size_8"); ``dynamic`` keeps the tracing context's symbolic sizes."""
+        key = graph_key(gm, example_args, f"{label}|inductor={self.use_inductor}")
+        if key in self._compiled:
+            return self._compiled[key]
+        start = time.perf_counter()
+        fn: Callable[..., Any] | None = None
+        if self.use_inductor and self.cache is not None:
+            loaded = self.cache.load(key)
+            if loaded is not None:
+                compilation_counter.num_cache_loads += 1
+                fn = _match_output_structure(gm, loaded)
+        if fn is None:
+            fn = self._compile(gm, example_args, key, dynamic)
+        self.compile_seconds += time.perf_counter() - start
+        self._compiled[key] = fn
+        return fn
+
+    def _compile(
+        self, gm: fx.GraphModule, example_args: list[Any], key: str, dynamic: bool
+    ) -> Callable[..., Any]:
+        compilation_counter.num_backend_compilations += 1
+        if not self.use_inductor:
+            return gm
+        from torch._inductor import standalone_compile
+
+        compilation_counter.num_inductor_compilations += 1
+        artifact = standalone_compile(
+            gm,
+            example_args,
+            dynamic_shapes="from_tracing_context" if dynamic else "from_example_inputs",
+            options={"config_patches": self.inductor_config},
+        )
+        if self.cache is not None:
+            try:
+                self.cache.save(key, artifact)
+                compilation_counter.num_cache_saves += 1
+            except Exception as exc:  # a full disk must not stop the engine
+                logger.warning("could not save compiled piece to the compile cache: %s", exc)
+        return artifact
+
+
+__all__ = ["PieceCompiler", "graph_key"]

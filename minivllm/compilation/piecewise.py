@@ -1,0 +1,89 @@
+"""`PiecewiseBackend`: one compiled piece, specialised per token-count range and size.
+
+At trace time a piece is compiled once per compile range (with the symbolic token
+count, so one kernel serves the whole range).  A size listed in ``compile_sizes``
+gets its own static-shape compilation, made the first time that size runs (the
+model runner warms every compile size up at start-up).  At run time the exact
+size wins over the range that contains it: the smaller entry is the more
+specialised one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from minivllm.compilation.compiler import PieceCompiler
+from minivllm.config.compilation import Range
+
+
+def _find_token_dim(example_args: list[Any]) -> tuple[int, int | None]:
+    """Where the runtime token count can be read from the piece's arguments.
+
+    Returns ``(arg index, None)`` for a SymInt argument, ``(arg index, 0)`` for a
+    tensor whose first dimension is symbolic.
+    """
+    for i, a in enumerate(example_args):
+        if isinstance(a, torch.SymInt):
+            return i, None
+    for i, a in enumerate(example_args):
+        if isinstance(a, torch.Tensor) and a.dim() > 0 and isinstance(a.shape[0], torch.SymInt):
+            return i, 0
+    return -1, None
+
+
+class PiecewiseBackend:
+    """Runs one piece, choosing the compiled entry for the batch's token count."""
+
+    def __init__(
+        self,
+        graph: fx.GraphModule,
+        piece_index: int,
+        example_args: list[Any],
+        compiler: PieceCompiler,
+        compile_ranges: list[Range],
+        compile_sizes: list[int],
+    ) -> None:
+        self.graph = graph
+        self.piece_index = piece_index
+        self.compiler = compiler
+        self.token_arg, self.token_dim = _find_token_dim(example_args)
+        ranges = compile_ranges or [Range(1, 1 << 62)]
+        # Smaller ranges first so lookup finds the most specialised one.
+        self.range_entries: list[tuple[Range, Callable[..., Any]]] = [
+            (r, compiler.compile(graph, example_args, f"range_{r.start}_{r.end}", dynamic=True))
+            for r in sorted(ranges, key=lambda r: r.end - r.start)
+        ]
+        self.size_entries: dict[int, Callable[..., Any] | None] = dict.fromkeys(compile_sizes)
+
+    def runtime_size(self, args: tuple[Any, ...]) -> int | None:
+        """The token count of this call, or None when the piece has no token dimension."""
+        if self.token_arg < 0:
+            return None
+        value = args[self.token_arg]
+        return int(value) if self.token_dim is None else int(value.shape[self.token_dim])
+
+    def entry_for(self, args: tuple[Any, ...]) -> Callable[..., Any]:
+        """The compiled callable that serves this call's token count."""
+        size = self.runtime_size(args)
+        if size is not None and size in self.size_entries:
+            fn = self.size_entries[size]
+            if fn is None:
+                fn = self.compiler.compile(self.graph, list(args), f"size_{size}", dynamic=False)
+                self.size_entries[size] = fn
+            return fn
+        if size is not None:
+            for r, fn in self.range_entries:
+                if size in r:
+                    return fn
+        # Above every range (only warm-up runs go there): the symbolic graph still fits.
+        return self.range_entries[-1][1]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.entry_for(args)(*args)
+
+
+__all__ = ["PiecewiseBackend"]

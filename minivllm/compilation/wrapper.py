@@ -1,0 +1,159 @@
+"""Compiling the model forward at one call site, as ``CompilationConfig.mode`` says.
+
+The model code stays plain; `build_model_forward` returns the callable the model
+runner runs instead of ``model(input_ids, positions)``:
+
+- ``NONE``: the model itself, eager.
+- ``STOCK_TORCH_COMPILE``: ``torch.compile`` with ``CompilationConfig.backend``;
+  Dynamo keeps its guards and recompiles as it sees fit.
+- ``DYNAMO_TRACE_ONCE``: one trace with the token dimension dynamic and every
+  guard dropped, so no batch size ever re-traces (the model must not branch on
+  the token count).  ``dynamic_shapes_config.evaluate_guards`` keeps the guards
+  instead and makes a re-trace an error, to find where a model specialises.
+- ``VLLM_COMPILE``: the same single trace, handed to `VllmBackend`.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from minivllm.compilation.counter import compilation_counter
+from minivllm.config.compilation_modes import CompilationMode
+from minivllm.config.dynamic_shapes import DynamicShapesType
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+class RecompilationError(RuntimeError):
+    """A trace-once mode was asked to trace a second time."""
+
+
+class _CountingBackend:
+    """Forwards to the real backend, counting (and, for trace-once modes, policing) traces."""
+
+    def __init__(self, backend: Any, trace_once: bool, strict: bool) -> None:
+        self.backend = backend
+        self.trace_once = trace_once
+        self.strict = strict
+        self.num_traces = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        self.num_traces += 1
+        compilation_counter.num_dynamo_traces += 1
+        if self.trace_once and self.num_traces > 1:
+            msg = (
+                "the model was traced a second time under a trace-once compilation mode; "
+                "it has control flow that depends on the batch size. Use mode "
+                "STOCK_TORCH_COMPILE or remove the shape-dependent branch."
+            )
+            if self.strict:
+                raise RecompilationError(msg)
+            logger.warning(msg)
+        if isinstance(self.backend, str):
+            from torch._dynamo.backends.registry import lookup_backend
+
+            return lookup_backend(self.backend)(gm, example_inputs)
+        return self.backend(gm, example_inputs)
+
+
+class ModelForward:
+    """``forward(input_ids, positions) -> hidden`` of a model, compiled per the config."""
+
+    def __init__(self, model: nn.Module, vllm_config: Any, prefix: str = "model") -> None:
+        self.model = model
+        self.vllm_config = vllm_config
+        cc = vllm_config.compilation_config
+        self.mode = CompilationMode(cc.mode or CompilationMode.NONE)
+        self.dynamic_type = cc.dynamic_shapes_config.type
+        self.backend: Any = None
+        self.counting: _CountingBackend | None = None
+        self._fn: Callable[..., torch.Tensor] = model
+        if self.mode == CompilationMode.NONE:
+            return
+        compilation_counter.num_models_seen += 1
+        self.backend = cc.init_backend(vllm_config, prefix=prefix)
+        trace_once = self.mode != CompilationMode.STOCK_TORCH_COMPILE
+        strict = cc.dynamic_shapes_config.evaluate_guards
+        self.counting = _CountingBackend(self.backend, trace_once, strict)
+        options: dict[str, Any] = {}
+        if trace_once and not strict:
+            options["guard_filter_fn"] = torch.compiler.skip_all_guards_unsafe
+        self._fn = torch.compile(
+            _private_forward(model),
+            backend=self.counting,
+            fullgraph=True,
+            dynamic=False,
+            options=options or None,
+        )
+        self._marked = False
+
+    @property
+    def is_compiled(self) -> bool:
+        return self.mode != CompilationMode.NONE
+
+    @property
+    def num_traces(self) -> int:
+        """Dynamo traces so far (0 for eager)."""
+        return 0 if self.counting is None else self.counting.num_traces
+
+    def _mark_token_dim(self, *tensors: torch.Tensor) -> None:
+        # Marking matters only for the call that traces; later calls skip the cost.
+        for t in tensors:
+            if self.dynamic_type == DynamicShapesType.UNBACKED:
+                torch._dynamo.decorators.mark_unbacked(t, 0)
+            elif t.shape[0] >= 2:
+                # A backed symbol cannot start at 0/1, which Dynamo specialises.
+                torch._dynamo.mark_dynamic(t, 0)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.is_compiled and (
+            self.mode == CompilationMode.STOCK_TORCH_COMPILE or self.num_traces == 0
+        ):
+            self._mark_token_dim(input_ids, positions)
+        return self._fn(input_ids, positions)
+
+
+def _private_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
+    """``model.forward`` bound to a code object of its own.
+
+    Dynamo keeps its compiled entries on the code object, shared by every instance of
+    the model class.  Several engines in one process (tests, a draft model) would
+    then pile entries onto one code object until Dynamo's recompile limit fails the
+    build, and with guards dropped one model could even run another's graph.  A
+    private copy of the code keeps each compiled forward's cache to itself.
+    """
+    func = type(model).forward
+    code = func.__code__
+    tag = f"{code.co_name}_minivllm_{id(model):x}"
+    private = types.FunctionType(
+        code.replace(co_name=tag, co_qualname=f"{code.co_qualname}_{tag}"),
+        func.__globals__,
+        tag,
+        func.__defaults__,
+        func.__closure__,
+    )
+    private.__kwdefaults__ = func.__kwdefaults__
+    return types.MethodType(private, model)
+
+
+def build_model_forward(model: nn.Module, vllm_config: Any, prefix: str = "model") -> ModelForward:
+    """The forward the model runner calls, compiled as ``vllm_config.compilation_config``
+    says (see the module docstring)."""
+    return ModelForward(model, vllm_config, prefix=prefix)
+
+
+def timed_first_call(fn: Callable[[], Any]) -> float:
+    """Seconds one call of ``fn`` takes (a warm-up that triggers compilation)."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+__all__ = ["ModelForward", "RecompilationError", "build_model_forward", "timed_first_call"]

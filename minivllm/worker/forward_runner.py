@@ -1,0 +1,280 @@
+"""`ForwardRunner`: runs the model forward of one step, compiled and graph-captured as
+the `CompilationConfig` says.
+
+The model runner hands it a step's flat inputs and attention metadata; it asks the
+`CudagraphDispatcher` which graph serves the batch, pads the batch to that size
+(padding tokens: id 0, position 0, slot -1, so nothing is written to the KV
+cache), replays the captured graph or calls the compiled forward, and returns the
+hidden states of the real tokens.  On CPU the dispatcher always answers NONE and
+this is the compiled (or eager) forward inside the forward context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.compilation.backend import VllmBackend
+from minivllm.compilation.wrapper import ModelForward, build_model_forward
+from minivllm.config.compilation_modes import CUDAGraphMode
+from minivllm.forward_context import set_forward_context
+from minivllm.logger import init_logger
+from minivllm.worker.cudagraph import (
+    NUM_TOKENS_KEY,
+    RUNTIME_MODE_KEY,
+    BatchDescriptor,
+    CudagraphDispatcher,
+    FullCudaGraphRunner,
+    GraphPool,
+    PiecewiseCudaGraphWrapper,
+    log_capture,
+    timer,
+)
+
+logger = init_logger(__name__)
+
+WARMUP_TRACE_TOKENS = 8
+"""Token count of the start-up run that traces the model: at least 2, so the token
+dimension is traced as a symbol, and small, so the eager part of it is quick on CPU."""
+
+
+def pad_step_inputs(
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    md: AttentionMetadata | None,
+    num_padded: int,
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata | None]:
+    """The step's inputs padded to ``num_padded`` tokens; padding writes no KV."""
+    n = input_ids.shape[0]
+    extra = num_padded - n
+    assert extra >= 0, "padding can only grow a batch"
+    if extra == 0:
+        return input_ids, positions, md
+    zeros = input_ids.new_zeros(extra)
+    input_ids = torch.cat([input_ids, zeros])
+    positions = torch.cat([positions, positions.new_zeros(extra)])
+    if md is not None:
+        slots = torch.cat([md.slot_mapping, md.slot_mapping.new_full((extra,), -1)])
+        md = dataclasses.replace(md, slot_mapping=slots)
+    return input_ids, positions, md
+
+
+class ForwardRunner:
+    """Compiled forward + CUDA graph dispatch/capture for one model."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        vllm_config: Any,
+        attn_layers: dict[str, Any],
+        device: torch.device,
+        dispatcher: CudagraphDispatcher | None = None,
+    ) -> None:
+        self.model = model
+        self.vllm_config = vllm_config
+        self.attn_layers = attn_layers
+        self.device = device
+        cc = vllm_config.compilation_config
+        self.compilation_config = cc
+        self.model_forward: ModelForward = build_model_forward(model, vllm_config)
+        self.max_num_tokens: int = vllm_config.scheduler_config.max_num_batched_tokens
+        mode = cc.cudagraph_mode or CUDAGraphMode.NONE
+        if mode and device.type != "cuda" and dispatcher is None:
+            logger.info("cudagraph_mode %s needs CUDA; running without graphs", mode)
+            mode = CUDAGraphMode.NONE
+        if mode.has_full_cudagraphs() and not _attention_graph_safe(attn_layers):
+            logger.warning(
+                "FULL CUDA graphs need the Triton paged-attention backend (is triton "
+                "installed?); capturing piecewise graphs only"
+            )
+            mode = (
+                CUDAGraphMode.PIECEWISE if mode.has_piecewise_cudagraphs() else CUDAGraphMode.NONE
+            )
+        self.dispatcher = dispatcher or CudagraphDispatcher(mode, cc.cudagraph_capture_sizes or [])
+        self._piece_wrappers: list[PiecewiseCudaGraphWrapper] = []
+        self._full: FullCudaGraphRunner | None = None
+        self._pool: GraphPool | None = None
+        if self.dispatcher.capture_sizes and device.type == "cuda":
+            self._setup_cuda()
+
+    # -- start-up -----------------------------------------------------------------
+    def _setup_cuda(self) -> None:
+        cc = self.compilation_config
+        mode = self.dispatcher.cudagraph_mode
+        self._pool = GraphPool()
+        size = self.dispatcher.max_size
+        self._ids = torch.zeros(size, dtype=torch.long, device=self.device)
+        self._pos = torch.zeros(size, dtype=torch.long, device=self.device)
+        backend = self.model_forward.backend
+        if mode.has_piecewise_cudagraphs() and isinstance(backend, VllmBackend):
+            backend.piece_wrapper = self._wrap_piece
+        if mode.has_full_cudagraphs():
+            sched = self.vllm_config.scheduler_config
+            block_size = self.vllm_config.cache_config.block_size
+            max_blocks = -(-self.vllm_config.model_config.max_model_len // block_size)
+            reqs = sched.max_num_seqs
+            dev = self.device
+            self._qsl = torch.zeros(reqs + 1, dtype=torch.int32, device=dev)
+            self._seq_lens = torch.zeros(reqs, dtype=torch.int32, device=dev)
+            self._tables = torch.zeros(reqs, max_blocks, dtype=torch.int32, device=dev)
+            self._slots = torch.full((size,), -1, dtype=torch.long, device=dev)
+            self._full = FullCudaGraphRunner(self._full_forward, self._pool)
+        del cc
+
+    def _wrap_piece(self, piece: Any, index: int, num_pieces: int) -> Any:
+        assert self._pool is not None
+        cc = self.compilation_config
+        wrapper = PiecewiseCudaGraphWrapper(
+            piece,
+            self._pool,
+            cc.cudagraph_num_of_warmups,
+            cc.cudagraph_copy_inputs,
+            self.dispatcher.capture_sizes,
+        )
+        self._piece_wrappers.append(wrapper)
+        return wrapper
+
+    @torch.inference_mode()
+    def compile_and_warm_up(self) -> float:
+        """Trace/compile the forward and every compile size now; returns seconds spent
+        (also stored in ``compilation_config.compilation_time`` and logged)."""
+        if not self.model_forward.is_compiled:
+            return 0.0
+        cc = self.compilation_config
+        sizes = [min(self.max_num_tokens, WARMUP_TRACE_TOKENS)]
+        sizes += [int(s) for s in cc.compile_sizes or [] if int(s) <= self.max_num_tokens]
+        start = timer()
+        for n in dict.fromkeys(sizes):
+            self._dummy_forward(max(n, 1))
+        elapsed = timer() - start
+        cc.compilation_time += elapsed
+        logger.info(
+            "torch.compile (mode %s, backend %r) took %.2f s at start-up",
+            cc.mode.name if cc.mode is not None else "NONE",
+            cc.backend,
+            elapsed,
+        )
+        return elapsed
+
+    def _dummy_forward(self, n: int) -> torch.Tensor:
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        pos = torch.arange(n, dtype=torch.long, device=self.device)
+        with set_forward_context(None, self.attn_layers):
+            return self.model_forward(ids, pos)
+
+    @torch.inference_mode()
+    def capture_cudagraphs(self) -> int:
+        """Capture every graph of the capture plan (CUDA only); returns how many."""
+        plan = self.dispatcher.capture_plan()
+        if not plan or self.device.type != "cuda" or self._pool is None:
+            return 0
+        warmups = self.compilation_config.cudagraph_num_of_warmups
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        start = timer()
+        for w in self._piece_wrappers:
+            w.capturing = True
+        try:
+            for mode, size, uniform in plan:
+                if mode == CUDAGraphMode.FULL:
+                    assert self._full is not None
+                    self._fill_full_buffers(None, size)
+                    self._full.capture(size, uniform, warmups)
+                else:
+                    self._ids[:size].zero_()
+                    self._pos[:size].zero_()
+                    with set_forward_context(None, self.attn_layers) as ctx:
+                        ctx.extra[RUNTIME_MODE_KEY] = CUDAGraphMode.PIECEWISE
+                        ctx.extra[NUM_TOKENS_KEY] = size
+                        self.model_forward(self._ids[:size], self._pos[:size])
+        finally:
+            for w in self._piece_wrappers:
+                w.capturing = False
+        torch.cuda.synchronize(self.device)
+        log_capture(
+            len(plan), timer() - start, free_before, torch.cuda.mem_get_info(self.device)[0]
+        )
+        return len(plan)
+
+    # -- FULL graphs --------------------------------------------------------------
+    def _static_metadata(self, size: int) -> AttentionMetadata:
+        # Every row is "actual" inside a full graph: the kernel skips padding by slot.
+        return AttentionMetadata(
+            num_actual_tokens=size,
+            max_query_len=size,
+            max_seq_len=0,
+            query_start_loc=self._qsl,
+            seq_lens=self._seq_lens,
+            block_tables=self._tables,
+            slot_mapping=self._slots[:size],
+        )
+
+    def _full_forward(self, size: int, uniform: bool) -> torch.Tensor:
+        with set_forward_context(self._static_metadata(size), self.attn_layers) as ctx:
+            ctx.extra[RUNTIME_MODE_KEY] = CUDAGraphMode.FULL
+            ctx.extra[NUM_TOKENS_KEY] = size
+            return self.model_forward(self._ids[:size], self._pos[:size])
+
+    def _fill_full_buffers(self, md: AttentionMetadata | None, size: int) -> None:
+        self._slots[:size].fill_(-1)
+        self._seq_lens.zero_()
+        self._qsl.zero_()
+        if md is None:
+            return
+        n = md.slot_mapping.shape[0]
+        r = md.seq_lens.shape[0]
+        self._slots[:n].copy_(md.slot_mapping)
+        self._seq_lens[:r].copy_(md.seq_lens)
+        self._qsl[: r + 1].copy_(md.query_start_loc)
+        self._qsl[r + 1 :].fill_(md.num_actual_tokens)
+        width = md.block_tables.shape[1]
+        self._tables[:r, :width].copy_(md.block_tables)
+
+    # -- per step -----------------------------------------------------------------
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata | None
+    ) -> torch.Tensor:
+        """Hidden states ``[num_tokens, H]`` of the step's real tokens."""
+        n = input_ids.shape[0]
+        uniform = md is not None and md.max_query_len == 1
+        mode, padded = self.dispatcher.dispatch(BatchDescriptor(n, uniform))
+        if (
+            mode == CUDAGraphMode.FULL
+            and self._full is not None
+            and self._full.has(padded, uniform)
+        ):
+            self._ids[:n].copy_(input_ids)
+            self._ids[n:padded].zero_()
+            self._pos[:n].copy_(positions)
+            self._pos[n:padded].zero_()
+            self._fill_full_buffers(md, padded)
+            return self._full.replay(padded, uniform)[:n]
+        if mode == CUDAGraphMode.NONE:
+            with set_forward_context(md, self.attn_layers):
+                return self.model_forward(input_ids, positions)
+        if self._pool is not None:
+            # Graph inputs must sit at the addresses they were captured at.
+            self._ids[:n].copy_(input_ids)
+            self._ids[n:padded].zero_()
+            self._pos[:n].copy_(positions)
+            self._pos[n:padded].zero_()
+            ids, pos = self._ids[:padded], self._pos[:padded]
+            _, _, md = pad_step_inputs(input_ids, positions, md, padded)
+        else:
+            ids, pos, md = pad_step_inputs(input_ids, positions, md, padded)
+        with set_forward_context(md, self.attn_layers) as ctx:
+            ctx.extra[RUNTIME_MODE_KEY] = CUDAGraphMode.PIECEWISE
+            ctx.extra[NUM_TOKENS_KEY] = padded
+            return self.model_forward(ids, pos)[:n]
+
+
+def _attention_graph_safe(attn_layers: dict[str, Any]) -> bool:
+    return bool(attn_layers) and all(
+        getattr(layer.impl, "cudagraph_safe", False) for layer in attn_layers.values()
+    )
+
+
+__all__ = ["WARMUP_TRACE_TOKENS", "ForwardRunner", "pad_step_inputs"]

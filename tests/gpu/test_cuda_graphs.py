@@ -1,0 +1,111 @@
+"""CUDA only: the Triton paged backend and CUDA graph replays against eager runs.
+
+Skipped where no CUDA device exists (tests/conftest.py).  Run with
+``scripts/gpu_check.sh`` on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compilation"))
+from compile_helpers import PROMPTS, greedy_tokens, make_llm, save_tiny_llama  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+CAPTURE = [1, 2, 4, 8, 16, 32]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama_gpu"))
+
+
+def cuda_llm(model: Path, mode: int, cudagraph_mode: str, **compilation: Any) -> Any:
+    return make_llm(
+        model,
+        max_num_seqs=16,
+        compilation_config={
+            "mode": mode,
+            "cudagraph_mode": cudagraph_mode,
+            "cudagraph_capture_sizes": CAPTURE,
+            **compilation,
+        },
+    )
+
+
+def captured(llm: Any) -> int:
+    runner = llm.llm_engine.executor.worker.model_runner.forward_runner
+    full = len(runner._full.graphs) if runner._full is not None else 0
+    return full + sum(len(w.graphs) for w in runner._piece_wrappers)
+
+
+@torch.inference_mode()
+def test_triton_backend_matches_sdpa() -> None:
+    from minivllm.attention.backends.cpu_sdpa import CpuSdpaBackend
+    from minivllm.attention.backends.triton_paged import TritonPagedBackend
+    from minivllm.attention.kv_cache import build_attention_metadata
+
+    torch.manual_seed(0)
+    nh, nkv, hd, bs = 8, 2, 64, 16
+
+    class Layer:
+        scale = hd**-0.5
+        k_scale = torch.tensor(1.0, device="cuda")
+        v_scale = torch.tensor(1.0, device="cuda")
+
+    q_lens, s_lens = [5, 1, 1, 17], [5, 30, 7, 40]
+    tables = [[3], [0, 1], [2], [4, 5, 6]]
+    md = build_attention_metadata(q_lens, s_lens, tables, bs, device="cuda", num_padded_tokens=32)
+    outs = []
+    for backend in (CpuSdpaBackend(), TritonPagedBackend()):
+        layer = Layer()
+        torch.manual_seed(1)
+        layer.kv_cache = torch.randn(2, 8, bs, nkv, hd, device="cuda")
+        t = md.num_actual_tokens
+        k = torch.randn(t, nkv, hd, device="cuda")
+        v = torch.randn(t, nkv, hd, device="cuda")
+        q = torch.randn(t, nh, hd, device="cuda")
+        backend.write_kv(layer, k, v, md)
+        out = torch.zeros(t, nh, hd, device="cuda")
+        backend.forward(layer, q, k, v, md, out)
+        outs.append((out, layer.kv_cache))
+    torch.testing.assert_close(outs[0][1], outs[1][1])
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    ("mode", "cudagraph_mode", "extra"),
+    [
+        (0, "FULL_DECODE_ONLY", {}),
+        (0, "FULL", {}),
+        (3, "PIECEWISE", {"backend": "eager"}),
+        (3, "PIECEWISE", {"backend": "eager", "cudagraph_copy_inputs": True}),
+        (3, "FULL_AND_PIECEWISE", {"backend": "inductor", "cudagraph_num_of_warmups": 1}),
+    ],
+)
+def test_graph_runs_equal_eager_runs(
+    tiny_llama: Path, mode: int, cudagraph_mode: str, extra: dict[str, Any]
+) -> None:
+    eager = greedy_tokens(cuda_llm(tiny_llama, mode, "NONE", **extra), n=16)
+    llm = cuda_llm(tiny_llama, mode, cudagraph_mode, **extra)
+    assert captured(llm) > 0
+    assert greedy_tokens(llm, n=16) == eager
+    # Batch sizes between capture sizes pad; 3 requests decode in the 4-token graph.
+    assert greedy_tokens(llm, PROMPTS[:3], n=16) == [t for t in eager[:3]]
+
+
+def test_default_model_o2_matches_o0() -> None:
+    from minivllm import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    outs = {}
+    for level in (0, 2):
+        llm = LLM(dtype="float32", optimization_level=level, max_num_seqs=8)
+        outs[level] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert outs[0] == outs[2]

@@ -24,9 +24,22 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "minivllm.entrypoints.config_cmd",
         "Print the resolved engine configuration (--explain: where each value came from).",
     ),
-    ("generate", "minivllm.entrypoints.generate_cmd", "Complete prompts (--stream: token by token)."),
-    ("chat", "minivllm.entrypoints.chat_cmd", "Chat with the model, reading user turns from stdin."),
-    ("serve", "minivllm.entrypoints.serve_cmd", "Serve a model over an OpenAI-compatible HTTP API."),
+    (
+        "generate",
+        "minivllm.entrypoints.generate_cmd",
+        "Complete prompts (--stream: token by token).",
+    ),
+    (
+        "chat",
+        "minivllm.entrypoints.chat_cmd",
+        "Chat with the model, reading user turns from stdin.",
+    ),
+    (
+        "serve",
+        "minivllm.entrypoints.serve_cmd",
+        "Serve a model over an OpenAI-compatible HTTP API.",
+    ),
+    ("bench", "minivllm.entrypoints.bench.cli", "Benchmark throughput, latency, serving, start-up"),
 ]
 """(name, module, one-line help) of every subcommand; modules are imported lazily."""
 

@@ -111,26 +111,40 @@ class LLMEngine:
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_request(token_ids, params)
         params.update_from_tokenizer(self.eos_token_id)
+        child_ids = (
+            [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
+        )
+        taken = [c for c in child_ids if self.output_processor.has_request(c)]
+        if taken:
+            raise ValueError(f"request id {taken[0]!r} is already in use by another request")
         parent = ParentRequest(request_id, params.n, text, token_ids, params.output_kind)
-        for index in range(params.n):
-            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
-            child_params = params
-            if params.n > 1:
-                child_params = params.clone()
-                child_params.n = 1
-                if params.seed is not None:
-                    child_params.seed = params.seed + index
-            self.output_processor.add_request(parent, child_id, index, child_params)
-            self.scheduler.add_request(
-                Request(
-                    child_id,
-                    token_ids,
-                    child_params,
-                    eos_token_id=self.eos_token_id,
-                    arrival_time=arrival_time,
-                    priority=priority,
+        added: list[str] = []
+        try:
+            for index, child_id in enumerate(child_ids):
+                child_params = params
+                if params.n > 1:
+                    child_params = params.clone()
+                    child_params.n = 1
+                    if params.seed is not None:
+                        child_params.seed = params.seed + index
+                self.output_processor.add_request(parent, child_id, index, child_params)
+                self.scheduler.add_request(
+                    Request(
+                        child_id,
+                        token_ids,
+                        child_params,
+                        eos_token_id=self.eos_token_id,
+                        arrival_time=arrival_time,
+                        priority=priority,
+                    )
                 )
-            )
+                added.append(child_id)
+        except Exception:
+            # The scheduler refused a child (e.g. the prompt exceeds the whole KV cache):
+            # undo the siblings already queued so nothing of the request is left behind.
+            self.scheduler.finish_requests(added, RequestStatus.FINISHED_ABORTED)
+            self.output_processor.remove_request(request_id)
+            raise
         return request_id
 
     def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:

@@ -29,6 +29,8 @@ class ParentRequest:
     completions: dict[int, CompletionOutput] = field(default_factory=dict)
     num_finished: int = 0
     prompt_logprobs: list[Any] | None = None
+    prompt_logprobs_source: str | None = None
+    """The child whose prompt logprobs are kept (children compute the same ones)."""
     num_cached_tokens: int = 0
 
 
@@ -123,8 +125,17 @@ class OutputProcessor:
                     finish_reason, stop_reason = "stop", matched
                     stopped.append(eco.request_id)
             output = self._make_output(state, finish_reason, stop_reason)
-            if output is not None:
-                results[state.parent.request_id] = output
+            if output is None:
+                continue
+            earlier = results.get(output.request_id)
+            if earlier is not None and state.parent.output_kind == RequestOutputKind.DELTA:
+                # Two children of one request moved this step: a delta output carries only
+                # its own child, so merge them rather than drop the first child's delta.
+                earlier.outputs.extend(output.outputs)
+                earlier.finished = output.finished
+            else:
+                # Cumulative outputs hold every child, so the latest one supersedes.
+                results[output.request_id] = output
         return list(results.values()), stopped
 
     def _add_logprobs(self, state: RequestState, eco: EngineCoreOutput) -> None:
@@ -146,10 +157,17 @@ class OutputProcessor:
     def _add_prompt_logprobs(self, parent: ParentRequest, eco: EngineCoreOutput) -> None:
         if not eco.new_prompt_logprobs:
             return
-        if parent.prompt_logprobs is None:
+        # Every child of an n > 1 request computes the same prompt logprobs; keep one's.
+        if parent.prompt_logprobs_source is None:
+            parent.prompt_logprobs_source = eco.request_id
+        elif parent.prompt_logprobs_source != eco.request_id:
+            return
+        entries = eco.new_prompt_logprobs
+        if parent.prompt_logprobs is None or entries[0] is None:
+            # A chunk that starts at prompt position 0 (whose entry is None) starts over:
+            # a request preempted part-way through its prefill recomputes it from scratch.
             parent.prompt_logprobs = []
-        for entry in eco.new_prompt_logprobs:
-            # A request recomputed after preemption reports its prompt again.
+        for entry in entries:
             if len(parent.prompt_logprobs) >= len(parent.prompt_token_ids):
                 break
             if entry is None:
@@ -157,7 +175,9 @@ class OutputProcessor:
                 continue
             token_id, logprob, rank, top = entry
             parent.prompt_logprobs.append(
-                make_logprobs_dict(token_id, logprob, rank, list(top), list(top.values()), -1, self._decode)
+                make_logprobs_dict(
+                    token_id, logprob, rank, list(top), list(top.values()), -1, self._decode
+                )
             )
 
     def _make_output(
@@ -203,6 +223,12 @@ class OutputProcessor:
             finished=all_done,
             num_cached_tokens=parent.num_cached_tokens,
         )
+
+    def remove_request(self, request_id: str) -> None:
+        """Forget a request and all its children without producing an output."""
+        self.parents.pop(request_id, None)
+        for child_id in self.child_ids_of(request_id):
+            del self.states[child_id]
 
     def abort_requests(self, child_ids: list[str]) -> list[RequestOutput]:
         """Finish ``child_ids`` with reason "abort"; returns their final outputs."""

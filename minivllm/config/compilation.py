@@ -502,31 +502,9 @@ class CompilationConfig:
             return f"-{op}" not in self.custom_ops
         return f"+{op}" in self.custom_ops
 
-    def resolve_cudagraph_mode_and_sizes(
-        self,
-        min_cg_support: AttentionCGSupport,
-        min_cg_attn_backend: str | None,
-        uniform_decode_query_len: int = 1,
-        use_v2_model_runner: bool = False,
-        kv_cache_config: Any = None,
-        max_num_reqs: int | None = None,
-        is_profiling: bool = False,
-        piecewise_capture_available: bool = True,
-    ) -> CUDAGraphMode:
-        """Downgrade `cudagraph_mode` to what the weakest attention backend supports and
-        return it (see compilation_cudagraph.resolve_cudagraph_mode_and_sizes).
-        ``kv_cache_config`` needs ``has_mamba_layers`` and ``num_blocks``."""
-        return _cg.resolve_cudagraph_mode_and_sizes(
-            self,
-            min_cg_support,
-            min_cg_attn_backend,
-            uniform_decode_query_len=uniform_decode_query_len,
-            use_v2_model_runner=use_v2_model_runner,
-            kv_cache_config=kv_cache_config,
-            max_num_reqs=max_num_reqs,
-            is_profiling=is_profiling,
-            piecewise_capture_available=piecewise_capture_available,
-        )
+    # The module function takes the config first, so it serves as the method as is
+    # (kept in compilation_cudagraph to keep this file short).
+    resolve_cudagraph_mode_and_sizes = _cg.resolve_cudagraph_mode_and_sizes
 
     def adjust_cudagraph_sizes_for_spec_decode(self, uniform_decode_query_len: int) -> None:
         """Round the capture sizes up to whole requests of ``uniform_decode_query_len``."""

@@ -142,7 +142,9 @@ def resolve_cudagraph_mode_and_sizes(
     is_profiling: bool = False,
     piecewise_capture_available: bool = True,
 ) -> CUDAGraphMode:
-    """Downgrade `cudagraph_mode` to what the attention backends and model support."""
+    """Downgrade `cudagraph_mode` to what the attention backends and model support, and
+    return it (`CompilationConfig.resolve_cudagraph_mode_and_sizes` is this function).
+    ``kv_cache_config`` needs ``has_mamba_layers`` and ``num_blocks``."""
     mode = cfg.cudagraph_mode
     if mode is None or mode == CUDAGraphMode.NONE:
         cfg.cudagraph_mode = CUDAGraphMode.NONE

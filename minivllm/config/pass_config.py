@@ -151,12 +151,8 @@ class PassConfig:
 
     def enabled_fusions(self) -> list[str]:
         """Names (without the ``fuse_``/``enable_`` prefix) of the switches that are on."""
-        names: list[str] = []
-        for f in dataclasses.fields(self):
-            for prefix in ("fuse_", "enable_"):
-                if f.name.startswith(prefix) and getattr(self, f.name):
-                    names.append(f.name[len(prefix) :])
-        return names
+        # Both prefixes are one word, so the name after the first "_" is the fusion's.
+        return [name.split("_", 1)[1] for name in FUSION_SWITCHES if getattr(self, name)]
 
     def log_enabled_passes(self) -> list[str]:
         """Log the fusions that are on (called once the config is fully resolved)."""
@@ -170,8 +166,14 @@ class PassConfig:
         return hash_factors(get_hash_factors(self, set()))
 
 
+FUSION_SWITCHES: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(PassConfig) if f.name.startswith(("fuse_", "enable_"))
+)
+"""The fusion switches of `PassConfig` (its ``fuse_*`` / ``enable_*`` fields), in order."""
+
 __all__ = [
     "FI_ALLREDUCE_FUSION_MAX_SIZE_MB",
     "FI_ALLREDUCE_FUSION_SUPPORTED_WORLD_SIZES",
+    "FUSION_SWITCHES",
     "PassConfig",
 ]

@@ -19,6 +19,8 @@ from contextlib import nullcontext
 from pathlib import PurePath
 from typing import Any, TextIO
 
+from minivllm.entrypoints.model_tag import add_model_tag_argument, engine_args_from_cli
+
 _VALUE_WIDTH = 48
 """Longest value shown in a table cell (the JSON formats are never shortened)."""
 
@@ -27,12 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine flags, the optional MODEL, and the output options."""
     from minivllm.engine.arg_utils import EngineArgs
 
-    parser.add_argument(
-        "model_tag",
-        nargs="?",
-        metavar="MODEL",
-        help="Model name or path (default: the bundled SmolLM2-135M-Instruct GGUF).",
-    )
+    add_model_tag_argument(parser)
     out = parser.add_argument_group("output")
     out.add_argument(
         "--explain",
@@ -109,12 +106,9 @@ def explain_rows(explained: dict[str, dict[str, Any]]) -> list[list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     """Resolve the configuration and print it; ValueErrors go to the CLI's one-line error."""
-    from minivllm.engine.arg_utils import EngineArgs
     from minivllm.platforms import override_platform, parse_platform
 
-    engine_args = EngineArgs.from_cli_args(args)
-    if args.model_tag is not None:
-        engine_args.set_user_arg("model", args.model_tag)
+    engine_args = engine_args_from_cli(args)
     try:
         platform = parse_platform(args.platform) if args.platform else None
     except ValueError as exc:

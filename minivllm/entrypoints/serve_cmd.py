@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import argparse
 
+from minivllm.entrypoints.model_tag import add_model_tag_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The optional MODEL, the server flags and every engine flag."""
     from minivllm.engine.arg_utils import EngineArgs
 
-    parser.add_argument(
-        "model_tag",
-        nargs="?",
-        metavar="MODEL",
-        help="Model name or path (default: the bundled SmolLM2-135M-Instruct GGUF).",
-    )
+    add_model_tag_argument(parser)
     server = parser.add_argument_group("server")
     server.add_argument(
         "--host",

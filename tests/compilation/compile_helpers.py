@@ -5,36 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-import transformers
+from model_helpers import TINY_CONFIG, save_random_hf_model
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=128,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
-NUM_LAYERS = TINY["num_hidden_layers"]
+NUM_LAYERS = TINY_CONFIG["num_hidden_layers"]
 PROMPTS = [[1, 5, 9, 17, 33, 2, 7], [3, 4], [100, 90, 80, 70, 60, 50, 40, 30, 20, 10, 11], [42]]
 
 
 def save_tiny_llama(path: Path, num_layers: int = NUM_LAYERS, seed: int = 0) -> Path:
-    """Save a random Llama (float32) to ``path``; norms randomised so they matter."""
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        **{**TINY, "num_hidden_layers": num_layers}, architectures=["LlamaForCausalLM"]
-    )
-    hf = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if p.dim() == 1:
-                p.copy_(torch.randn_like(p) * 0.1 + ("norm" in name))
-    hf.save_pretrained(path)
+    """Save a random untied Llama (float32) to ``path``; norms randomised so they matter."""
+    save_random_hf_model(path, seed=seed, num_hidden_layers=num_layers, tie_word_embeddings=False)
     return path
 
 

@@ -7,21 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import TINY_CONFIG
 from transformers import GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
 from minivllm.config.model import SUPPORTED_ARCHITECTURES, ModelConfig
 from minivllm.config.parallel import ParallelConfig
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 
-SMALL = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=1024,
-)
+# Config files only (no weights): the tiny models' dimensions, a 1024-token context.
+SMALL = {**TINY_CONFIG, "max_position_embeddings": 1024}
 
 
 def hf_dir(tmp_path: Path, cls: type = LlamaConfig, name: str = "m", **kw: object) -> str:

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
+from model_helpers import save_random_hf_model
 from mx_helpers import PagedRunner
 
 from minivllm.model_executor.loader import load_model
 from minivllm.model_executor.models import get_model_class, supported_architectures
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=128,
-    max_position_embeddings=128,
-    rms_norm_eps=1e-5,
-)
 CASES = {
     "llama-untied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=False)),
     "llama-tied-bias": (
@@ -41,16 +31,8 @@ ATOL = 1e-4
 def checkpoint(request, tmp_path_factory):
     """(HF model, our model) sharing one saved random checkpoint."""
     cfg_name, arch, extra = CASES[request.param]
-    torch.manual_seed(0)
-    cfg = getattr(transformers, cfg_name)(**TINY, **extra, architectures=[arch])
-    hf = getattr(transformers, arch)(cfg).eval()
-    # Norm weights default to 1 and biases to 0; randomise them so the test sees them.
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if p.dim() == 1:
-                p.copy_(torch.randn_like(p) * 0.1 + ("norm" in name))
     path = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(path)
+    hf, cfg = save_random_hf_model(path, cfg_name, arch, max_position_embeddings=128, **extra)
     ours = load_model(path, cfg, torch.float32)
     return hf, ours
 

@@ -257,13 +257,10 @@ def config_summary(engine: AsyncLLM, host: str, port: int, api_key: str | None) 
 
 def run_server(args: argparse.Namespace) -> int:
     """Load the engine, print the configuration summary and serve until SIGTERM/SIGINT."""
-    from minivllm.engine.arg_utils import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
+    from minivllm.entrypoints.model_tag import engine_args_from_cli
 
-    engine_args = EngineArgs.from_cli_args(args)
-    if getattr(args, "model_tag", None) is not None:
-        engine_args.set_user_arg("model", args.model_tag)
-    vllm_config = engine_args.create_engine_config()
+    vllm_config = engine_args_from_cli(args).create_engine_config()
     mc = vllm_config.model_config
     registry = CollectorRegistry()
     stat_logger = PrometheusStatLogger(mc.served_model_name, mc.max_model_len, registry)

@@ -19,9 +19,9 @@ from minivllm.entrypoints.openai.protocol import (
     ChatLogProbContent,
     ChatLogProbEntry,
     ChatLogProbs,
-    ChatMessage,
     ChatResponseMessage,
     DeltaMessage,
+    TokenizeChatRequest,
     random_id,
 )
 from minivllm.entrypoints.openai.serving_engine import (
@@ -31,6 +31,8 @@ from minivllm.entrypoints.openai.serving_engine import (
     clamp_logprob,
     sse,
     sse_error,
+    sse_usage,
+    stream_usage_options,
     usage_of,
 )
 from minivllm.outputs import Logprob, RequestOutput
@@ -42,17 +44,13 @@ ROLE = "assistant"
 class OpenAIServingChat(OpenAIServing):
     """Handler of the chat completions endpoint (and of chat-style /tokenize)."""
 
-    def render(
-        self,
-        messages: list[ChatMessage],
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-    ) -> list[int]:
-        """The conversation's prompt token ids (400 for content the template cannot take)."""
+    def render(self, request: ChatCompletionRequest | TokenizeChatRequest) -> list[int]:
+        """The prompt token ids of the request's conversation, rendered with its template
+        options (400 for content the template cannot take)."""
         from minivllm.tokenizer import apply_chat_template
 
+        add_generation_prompt = request.add_generation_prompt
+        continue_final_message = request.continue_final_message
         if continue_final_message and add_generation_prompt:
             raise OpenAIServingError(
                 "continue_final_message and add_generation_prompt cannot both be true",
@@ -60,12 +58,12 @@ class OpenAIServingChat(OpenAIServing):
             )
         try:
             conversation = []
-            for message in messages:
+            for message in request.messages:
                 entry: dict[str, Any] = {"role": message.role, "content": message.text()}
                 if message.name is not None:
                     entry["name"] = message.name
                 conversation.append(entry)
-            kwargs = dict(chat_template_kwargs or {})
+            kwargs = dict(request.chat_template_kwargs or {})
             if continue_final_message:
                 kwargs["continue_final_message"] = True
             ids = apply_chat_template(
@@ -73,7 +71,7 @@ class OpenAIServingChat(OpenAIServing):
                 conversation,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=True,
-                chat_template=chat_template,
+                chat_template=request.chat_template,
                 **kwargs,
             )
         except OpenAIServingError:
@@ -91,13 +89,7 @@ class OpenAIServingChat(OpenAIServing):
         """The response, or the SSE stream when ``stream`` is set."""
         model = self.check_model(request.model)
         params = self.make_params(request)
-        ids = self.render(
-            request.messages,
-            request.add_generation_prompt,
-            request.continue_final_message,
-            request.chat_template,
-            request.chat_template_kwargs,
-        )
+        ids = self.render(request)
         self.validate(ids, params)
         request_id = request.request_id or random_id("chatcmpl")
         self.log_request(request_id, self.tokenizer.decode(ids), ids, params)
@@ -147,9 +139,7 @@ class OpenAIServingChat(OpenAIServing):
         num_prompt_tokens: int,
         generator: AsyncIterator[RequestOutput],
     ) -> AsyncIterator[str]:
-        opts = request.stream_options
-        include_usage = bool(opts and opts.include_usage)
-        continuous = bool(include_usage and opts and opts.continuous_usage_stats)
+        include_usage, continuous = stream_usage_options(request.stream_options)
         num_tokens = [0] * request.n
 
         def chunk(index: int, delta: DeltaMessage, **kwargs: Any) -> str:
@@ -187,15 +177,8 @@ class OpenAIServingChat(OpenAIServing):
                         extra["stop_reason"] = completion.stop_reason
                     yield chunk(completion.index, DeltaMessage(content=completion.text), **extra)
             if include_usage:
-                yield sse(
-                    ChatCompletionStreamResponse(
-                        id=request_id,
-                        created=created,
-                        model=model,
-                        choices=[],
-                        usage=usage_of(num_prompt_tokens, sum(num_tokens)),
-                    )
-                )
+                usage = usage_of(num_prompt_tokens, sum(num_tokens))
+                yield sse_usage(ChatCompletionStreamResponse, request_id, created, model, usage)
         except Exception as exc:
             yield sse_error(exc)
         yield SSE_DONE

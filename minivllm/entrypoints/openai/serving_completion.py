@@ -25,6 +25,8 @@ from minivllm.entrypoints.openai.serving_engine import (
     merge_async_iterators,
     sse,
     sse_error,
+    sse_usage,
+    stream_usage_options,
     usage_of,
 )
 from minivllm.outputs import Logprob, RequestOutput
@@ -142,9 +144,7 @@ class OpenAIServingCompletion(OpenAIServing):
         generators: list[AsyncIterator[RequestOutput]],
     ) -> AsyncIterator[str]:
         n = request.n
-        opts = request.stream_options
-        include_usage = bool(opts and opts.include_usage)
-        continuous = bool(include_usage and opts and opts.continuous_usage_stats)
+        include_usage, continuous = stream_usage_options(request.stream_options)
         num_choices = len(prompts) * n
         echoed = [False] * num_choices
         offsets = [0] * num_choices
@@ -191,15 +191,8 @@ class OpenAIServingCompletion(OpenAIServing):
                         chunk.usage = usage_of(num_prompt_tokens, sum(num_tokens))
                     yield sse(chunk)
             if include_usage:
-                yield sse(
-                    CompletionStreamResponse(
-                        id=request_id,
-                        created=created,
-                        model=model,
-                        choices=[],
-                        usage=usage_of(num_prompt_tokens, sum(num_tokens)),
-                    )
-                )
+                usage = usage_of(num_prompt_tokens, sum(num_tokens))
+                yield sse_usage(CompletionStreamResponse, request_id, created, model, usage)
         except Exception as exc:
             yield sse_error(exc)
         yield SSE_DONE

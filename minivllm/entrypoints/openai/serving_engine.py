@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from minivllm.engine.async_llm import AsyncLLM, EngineDeadError, EngineError, EngineShutdownError
-from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, UsageInfo
+from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, StreamOptions, UsageInfo
 from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
@@ -175,6 +175,22 @@ def sse(chunk: BaseModel | dict[str, Any]) -> str:
 
 SSE_DONE = "data: [DONE]\n\n"
 """The event that ends every stream."""
+
+
+def stream_usage_options(opts: StreamOptions | None) -> tuple[bool, bool]:
+    """``(include_usage, continuous_usage_stats)`` of a request's ``stream_options``.
+
+    Continuous stats only count when usage is included at all.
+    """
+    include_usage = bool(opts and opts.include_usage)
+    return include_usage, bool(include_usage and opts and opts.continuous_usage_stats)
+
+
+def sse_usage(
+    chunk_cls: type[BaseModel], request_id: str, created: int, model: str, usage: UsageInfo
+) -> str:
+    """A stream's closing usage event: a ``chunk_cls`` chunk with no choices."""
+    return sse(chunk_cls(id=request_id, created=created, model=model, choices=[], usage=usage))
 
 
 def sse_error(exc: BaseException) -> str:

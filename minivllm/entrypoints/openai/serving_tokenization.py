@@ -19,13 +19,7 @@ class OpenAIServingTokenization(OpenAIServingChat):
     def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
-            ids = self.render(
-                request.messages,
-                request.add_generation_prompt,
-                request.continue_final_message,
-                request.chat_template,
-                request.chat_template_kwargs,
-            )
+            ids = self.render(request)
         else:
             ids = self.encode(request.prompt, request.add_special_tokens)
         return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len, tokens=ids)

@@ -33,8 +33,21 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *args: object) -> None:
-        default_weight_loader(param, loaded)
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None = None
+    ) -> None:
+        """Copy ``loaded`` into ``param``, or into the rows of shard ``shard_id``."""
+        rows = None if shard_id is None else self.shard_rows(shard_id)
+        if rows is None:
+            default_weight_loader(param, loaded)
+            return
+        offset, size = rows
+        default_weight_loader(param.data.narrow(0, offset, size), loaded)
+
+    def shard_rows(self, shard_id: int | str) -> tuple[int, int] | None:
+        """``(offset, size)`` of shard ``shard_id`` on the output dim; None: the whole
+        weight (a layer that is not fused has no shards)."""
+        return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -62,15 +75,9 @@ class MergedColumnParallelLinear(LinearBase):
         self.output_sizes = list(output_sizes)
         super().__init__(input_size, sum(output_sizes), bias)
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None
-    ) -> None:
-        if shard_id is None:
-            default_weight_loader(param, loaded)
-            return
-        offset = sum(self.output_sizes[:shard_id])
-        size = self.output_sizes[shard_id]
-        default_weight_loader(param.data.narrow(0, offset, size), loaded)
+    def shard_rows(self, shard_id: int | str) -> tuple[int, int]:
+        assert isinstance(shard_id, int), shard_id
+        return sum(self.output_sizes[:shard_id]), self.output_sizes[shard_id]
 
 
 class QKVParallelLinear(LinearBase):
@@ -91,16 +98,10 @@ class QKVParallelLinear(LinearBase):
         self.kv_size = self.num_kv_heads * head_size
         super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None
-    ) -> None:
-        if shard_id is None:
-            default_weight_loader(param, loaded)
-            return
+    def shard_rows(self, shard_id: int | str) -> tuple[int, int]:
         offsets = {
             "q": (0, self.q_size),
             "k": (self.q_size, self.kv_size),
             "v": (self.q_size + self.kv_size, self.kv_size),
         }
-        offset, size = offsets[shard_id]
-        default_weight_loader(param.data.narrow(0, offset, size), loaded)
+        return offsets[str(shard_id)]

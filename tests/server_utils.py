@@ -1,0 +1,91 @@
+"""A real ``minivllm serve`` subprocess for tests that talk HTTP to a server.
+
+Shared by the OpenAI server tests and the bench tests.  The server runs the default
+model on 127.0.0.1 at a free port with -O0 and a small KV cache, so it starts in
+seconds; it is ready once /health answers 200.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+DEFAULT_MAX_MODEL_LEN = 2048
+STARTUP_TIMEOUT_S = 240.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RemoteServer:
+    """``python -m minivllm.entrypoints.cli serve ...`` in a subprocess, logging to a file."""
+
+    def __init__(
+        self,
+        *extra_args: str,
+        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+        num_gpu_blocks: int = 512,
+    ) -> None:
+        self.max_model_len = max_model_len
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(tempfile.mkstemp(prefix="minivllm-serve-", suffix=".log")[1])
+        args = [
+            sys.executable, "-m", "minivllm.entrypoints.cli", "serve",
+            "--host", "127.0.0.1", "--port", str(self.port), "-O0",
+            "--num-gpu-blocks-override", str(num_gpu_blocks),
+            "--max-model-len", str(max_model_len),
+            "--uvicorn-log-level", "warning", *extra_args,
+        ]  # fmt: skip
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}
+            )
+
+    def wait_ready(self) -> None:
+        """Block until /health answers 200; raise with the server's log if it never does."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.output()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready in {STARTUP_TIMEOUT_S} s:\n{self.output()}")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of the /metrics sample ``name`` whose labels include ``labels``."""
+        wanted = [f'{k}="{v}"' for k, v in labels.items()]
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            if line.startswith((name + "{", name + " ")) and all(w in line for w in wanted):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def output(self) -> str:
+        """What the server has logged so far."""
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Terminate the server (kill it after 30 s) and delete its log."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.unlink(missing_ok=True)

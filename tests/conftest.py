@@ -10,7 +10,9 @@ import pytest
 def pytest_configure(config: pytest.Config) -> None:
     # Keep compile/weight caches of the test run away from the user's home cache,
     # but shared across the session so the GGUF is dequantized only once.
-    os.environ.setdefault("MINIVLLM_CACHE_ROOT", str(config.rootpath / ".pytest_cache" / "minivllm"))
+    os.environ.setdefault(
+        "MINIVLLM_CACHE_ROOT", str(config.rootpath / ".pytest_cache" / "minivllm")
+    )
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

@@ -18,6 +18,12 @@ from pathlib import Path
 import httpx
 
 DEFAULT_MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = DEFAULT_MAX_MODEL_LEN
+"""max_model_len of the shared OpenAI test server."""
+API_KEY = "sk-minivllm-test"
+"""API key of the shared OpenAI test server."""
+MODEL_NAME = "SmolLM2-135M-Instruct"
+"""The default model's served name."""
 STARTUP_TIMEOUT_S = 240.0
 
 

@@ -9,11 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from server_utils import DEFAULT_MAX_MODEL_LEN, RemoteServer
-
-API_KEY = "sk-minivllm-test"
-MODEL_NAME = "SmolLM2-135M-Instruct"
-MAX_MODEL_LEN = DEFAULT_MAX_MODEL_LEN
+from server_utils import API_KEY, RemoteServer
 
 
 @pytest.fixture(scope="session")

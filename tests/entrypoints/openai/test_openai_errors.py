@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import API_KEY, MAX_MODEL_LEN, MODEL_NAME
+from server_utils import API_KEY, MAX_MODEL_LEN, MODEL_NAME
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CMPL = "/v1/completions"

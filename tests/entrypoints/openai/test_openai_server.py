@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 import pytest
-from conftest import API_KEY, MAX_MODEL_LEN, MODEL_NAME
+from server_utils import API_KEY, MAX_MODEL_LEN, MODEL_NAME
 
 SUBJECTS = ["cats", "the moon", "bread", "rivers", "chess", "rain", "music", "winter",
             "trains", "honey", "volcanoes", "bicycles", "coffee", "owls", "glass", "tea"]  # fmt: skip

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from conftest import RemoteServer
+from server_utils import RemoteServer
 
 SHUTDOWN_TIMEOUT_S = 6
 

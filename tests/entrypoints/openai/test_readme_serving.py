@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import API_KEY, RemoteServer
+from server_utils import API_KEY, RemoteServer
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 DEFAULT_URL = "http://127.0.0.1:8000"

@@ -143,3 +143,16 @@ def test_bench_cli_bad_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str])
         main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--disable-tqdm"])
     assert exc.value.code == 2
     assert "cannot reach the server" in capsys.readouterr().err
+
+
+def test_peak_concurrency_is_exact_within_a_second() -> None:
+    # The first request ends at 1.2 s and the second starts at 1.5 s: never two at once,
+    # although both touch second 1.
+    results = [_ok(0.0, 0.1, 1.2, 3), _ok(1.5, 0.1, 1.0, 3)]
+    m = compute_metrics(results, duration=3.0, percentiles=[99], slos={})
+    assert m["max_concurrent_requests"] == 1
+    results.append(_ok(1.0, 0.1, 0.4, 3))  # 1.0-1.4 overlaps the first
+    assert (
+        compute_metrics(results, duration=3.0, percentiles=[99], slos={})["max_concurrent_requests"]
+        == 2
+    )

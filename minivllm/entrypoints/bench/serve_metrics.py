@@ -83,21 +83,31 @@ def meets_slos(result: RequestResult, slos: dict[str, float]) -> bool:
 def per_second_series(
     results: list[RequestResult], duration: float
 ) -> tuple[list[float], list[int]]:
-    """(output tokens, requests in flight) in each whole second of the run.
+    """(output tokens, peak requests in flight) in each whole second of the run.
 
     A request's tokens are spread evenly over its streamed chunks (a chunk may carry
-    more than one token); a request is in flight in every second it overlaps.
+    more than one token).  Concurrency is swept exactly over start and end events
+    (an end before a start at the same instant), so a request that ends and the
+    one that replaces it in the same second are not counted together.
     """
     num_bins = max(1, math.ceil(duration))
     tokens = [0.0] * num_bins
-    in_flight = [0] * num_bins
     for r in results:
         per_chunk = r.output_tokens / len(r.chunk_times) if r.chunk_times else 0.0
         for t in r.chunk_times:
             tokens[min(int(t), num_bins - 1)] += per_chunk
-        end = r.start_time + r.latency
-        for second in range(int(r.start_time), min(int(end), num_bins - 1) + 1):
-            in_flight[second] += 1
+    events = sorted(
+        [(r.start_time + r.latency, -1) for r in results] + [(r.start_time, 1) for r in results]
+    )
+    in_flight = [0] * num_bins
+    current, second = 0, 0
+    for t, delta in events:
+        event_bin = min(max(int(t), 0), num_bins - 1)
+        while second < event_bin:  # seconds with no event keep the running count
+            second += 1
+            in_flight[second] = max(in_flight[second], current)
+        current += delta
+        in_flight[event_bin] = max(in_flight[event_bin], current)
     return tokens, in_flight
 
 

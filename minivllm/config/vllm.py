@@ -329,7 +329,13 @@ class VllmConfig(VllmConfigDerived):
             return
         with self._step("rule", "cudagraph_mode_for_model", "unsupported by this kind of model"):
             rules.adjust_cudagraph_mode_for_model(self)
-        with self._step("rule", "enforce_eager_cudagraphs", "graph capture under enforce_eager"):
+        eager = self.model_config is not None and self.model_config.enforce_eager
+        why = (
+            "enforce_eager turns CUDA graphs off"
+            if eager
+            else "graphs are captured, so each size gets one warm-up run first"
+        )
+        with self._step("rule", "enforce_eager_cudagraphs", why):
             rules.apply_eager_cudagraphs(self)
         with self._step("rule", "_set_cudagraph_sizes", self._sizes_why()):
             self._set_cudagraph_sizes()

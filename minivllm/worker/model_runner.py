@@ -20,7 +20,6 @@ from minivllm.attention.kv_cache import (
     resolve_kv_cache_dtype,
 )
 from minivllm.config.vllm_context import set_current_vllm_config
-from minivllm.forward_context import set_forward_context
 from minivllm.logger import init_logger
 from minivllm.model_executor.loader import load_model
 from minivllm.sample.logprobs import compute_prompt_logprobs
@@ -92,8 +91,8 @@ class ModelRunner:
             self.device,
         )
         bind_kv_caches(self.attn_layers, self.kv_caches)
-        if self.forward_runner is not None:
-            self.forward_runner.capture_cudagraphs()
+        assert self.forward_runner is not None, "load_model() first"
+        self.forward_runner.capture_cudagraphs()
 
     # -- per step -----------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -124,7 +123,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; requests are processed in the scheduler's order."""
-        assert self.model is not None, "load_model() first"
+        assert self.model is not None and self.forward_runner is not None, "load_model() first"
         self._update_states(so)
         req_ids = list(so.num_scheduled_tokens)
         if not req_ids:
@@ -132,13 +131,7 @@ class ModelRunner:
         inputs = build_step_inputs(
             self.states, req_ids, so.num_scheduled_tokens, self.block_size, self.device
         )
-        if self.forward_runner is not None:
-            hidden = self.forward_runner.run(
-                inputs.input_ids, inputs.positions, inputs.attn_metadata
-            )
-        else:
-            with set_forward_context(inputs.attn_metadata, self.attn_layers):
-                hidden = self.model(inputs.input_ids, inputs.positions)
+        hidden = self.forward_runner.run(inputs.input_ids, inputs.positions, inputs.attn_metadata)
         prompt_logprobs = self._prompt_logprobs(hidden, inputs)
 
         sampled: dict[str, int] = {}

@@ -100,7 +100,9 @@ def build_step_inputs(
         pos = np.arange(start, end, dtype=np.int64)
         positions[offset : offset + n] = pos
         blocks = np.asarray(state.block_ids, dtype=np.int64)
-        slot_mapping[offset : offset + n] = blocks[pos // block_size] * block_size + pos % block_size
+        slot_mapping[offset : offset + n] = (
+            blocks[pos // block_size] * block_size + pos % block_size
+        )
         block_tables[i, : len(state.block_ids)] = state.block_ids
         seq_lens[i] = end
         query_start_loc[i + 1] = query_start_loc[i] + n

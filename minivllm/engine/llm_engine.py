@@ -104,7 +104,11 @@ class LLMEngine:
         priority: int = 0,
     ) -> str:
         """Queue a request (``n`` children when params.n > 1); returns its id."""
-        request_id = request_id or str(next(self._ids))
+        if request_id is None:
+            # Skip ids a caller chose explicitly, so generated ids never collide.
+            request_id = str(next(self._ids))
+            while request_id in self.output_processor.parents:
+                request_id = str(next(self._ids))
         if request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = (params or SamplingParams()).clone()

@@ -37,7 +37,6 @@ class LLM:
 
         engine_args = EngineArgs(model=model, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
-        self._next_id = 0
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.get_tokenizer()
@@ -71,10 +70,9 @@ class LLM:
             for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
                 params = params.clone()
                 params.output_kind = RequestOutputKind.FINAL_ONLY
-                request_id = str(self._next_id)
-                self._next_id += 1
-                engine.add_request(
-                    request_id, prompt, params, priority=priority[i] if priority else 0
+                # The engine picks an id no other request uses.
+                request_id = engine.add_request(
+                    None, prompt, params, priority=priority[i] if priority else 0
                 )
                 ids.append(request_id)
         except Exception:

@@ -94,3 +94,17 @@ def test_progress_bar_for_long_batches(llm: LLM, capsys: pytest.CaptureFixture[s
     assert len(outputs) == 8
     llm.generate(["Hi"] * 8, tiny, use_tqdm=False)
     assert "Processed prompts" not in capsys.readouterr().err
+
+
+def test_explicit_engine_ids_do_not_collide_with_generated_ones(
+    llm: LLM, expected: list[list[int]]
+) -> None:
+    engine = llm.llm_engine
+    # Ids the engine would generate next, taken by a caller first.
+    taken = [str(n) for n in range(200)]
+    for request_id in taken:
+        engine.add_request(request_id, PROMPTS[0], SamplingParams(max_tokens=1))
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+    assert not {o.request_id for o in outputs} & set(taken)
+    assert not engine.has_unfinished_requests()

@@ -28,6 +28,17 @@ class SamplingState(Protocol):
     generator: torch.Generator | None
 
 
+def make_request_generator(
+    params: SamplingParams, device: torch.device | str = "cpu"
+) -> torch.Generator | None:
+    """The request's own RNG: only seeded requests that really sample get one."""
+    if params.seed is None or params.temperature < SAMPLING_EPS:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(params.seed)
+    return generator
+
+
 @dataclass
 class RequestSamplingState:
     """The sampling state the model runner keeps for one request across steps."""
@@ -48,10 +59,7 @@ class RequestSamplingState:
         device: torch.device | str = "cpu",
         output_token_ids: Sequence[int] = (),
     ) -> RequestSamplingState:
-        generator = None
-        if params.seed is not None and params.temperature >= SAMPLING_EPS:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(params.seed)
+        generator = make_request_generator(params, device)
         return cls(params, list(prompt_token_ids), list(output_token_ids), generator)
 
 

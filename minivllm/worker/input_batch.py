@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.sample.metadata import make_request_generator
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler.output import NewRequestData
 
@@ -26,10 +27,6 @@ class CachedRequestState:
 
     @classmethod
     def from_new(cls, data: NewRequestData, device: torch.device) -> CachedRequestState:
-        generator = None
-        if data.sampling_params.seed is not None:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(data.sampling_params.seed)
         return cls(
             req_id=data.req_id,
             prompt_token_ids=list(data.prompt_token_ids),
@@ -37,7 +34,7 @@ class CachedRequestState:
             block_ids=list(data.block_ids),
             num_computed_tokens=data.num_computed_tokens,
             output_token_ids=list(data.output_token_ids),
-            generator=generator,
+            generator=make_request_generator(data.sampling_params, device),
         )
 
     @property

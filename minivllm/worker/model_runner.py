@@ -25,7 +25,6 @@ from minivllm.model_executor.loader import load_model
 from minivllm.sample.logprobs import compute_prompt_logprobs
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
-from minivllm.sampling_params import SAMPLING_EPS
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.worker.forward_runner import ForwardRunner
 from minivllm.worker.input_batch import CachedRequestState, StepInputs, build_step_inputs
@@ -113,8 +112,6 @@ class ModelRunner:
     def _replay_generator(self, state: CachedRequestState) -> None:
         """A request rebuilt after preemption continues its seeded random stream."""
         if state.generator is None or not state.output_token_ids:
-            return
-        if state.sampling_params.temperature < SAMPLING_EPS:
             return
         scratch = torch.empty(self.vocab_size, device=self.device)
         for _ in state.output_token_ids:

@@ -1,13 +1,26 @@
 """Start-up time and decode speed of -O0, -O1, -O2 (and -O2 with a warm compile cache).
 
-Each configuration runs in a fresh subprocess, so start-up includes everything a
-user waits for (model load, Dynamo trace, Inductor compilation or cache loads) and
+Each configuration runs in its own worker process, so start-up includes everything
+a user waits for (model load, Dynamo trace, Inductor compilation or cache loads) and
 no process inherits another's in-memory caches.  The cold runs get an empty
-MINIVLLM_CACHE_ROOT; the warm run reuses the -O2 run's.  Decode tokens/s counts the
-steps after the prefill: every running request adds one token per step.
+MINIVLLM_CACHE_ROOT; the warm run reuses the -O2 run's.
+
+Workers start one after another (start-up is timed alone), then stay alive and
+take turns: each round asks every worker, in a rotating order, to decode one batch
+while the others wait idle, and the table shows each worker's median over the
+rounds.  Interleaving puts every configuration under the same machine load, so the
+speed-up column is a side-by-side ratio even on a noisy machine.  Decode tokens/s
+counts the steps after the prefill: every running request adds one token per step.
+
+A second table splits a decode step at the largest batch into the linear layers
+(GEMMs), attention (KV write + paged attention), the rest of the model forward
+(norms, rotary, activations, residual adds, Python), and the step outside the
+forward (input preparation, logits, sampling, scheduling).  Compilation can only
+shrink the third part, so ``bound`` (step / (step - rest)) is the speed-up -O0 would
+get if compiling made that part free.
 
     python benchmarks/compile_modes.py                       # default model, 1 and 32
-    python benchmarks/compile_modes.py --tokens 8 --batch-sizes 1 2 --levels 0 2  # quick
+    python benchmarks/compile_modes.py --tokens 8 --batch-sizes 1 2 --levels 0 2 --rounds 1
 """
 
 from __future__ import annotations
@@ -15,20 +28,94 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
+
+# Waiting workers must not spin OpenMP threads on the cores the measured one uses.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 WORKER_FLAG = "--_worker"
 
 
-def _worker(args: argparse.Namespace) -> None:
-    """Build one engine and measure it; prints one JSON line."""
-    from minivllm.engine.arg_utils import EngineArgs
-    from minivllm.engine.llm_engine import LLMEngine
+class StepTimers:
+    """Wall time of the GEMMs, the attention ops and the whole forward, per step.
+
+    Installed by wrapping the functions both eager and compiled code call: the
+    packed GEMM (`cpu_gemm.packed_linear_impl`, inside the ``minivllm::packed_linear``
+    op when compiled), the two attention ops' implementations and
+    `ForwardRunner.run`.  GEMMs outside the forward (the LM head) count apart.
+    """
+
+    def __init__(self) -> None:
+        from minivllm.attention import layer
+        from minivllm.model_executor.layers import cpu_gemm
+        from minivllm.worker.forward_runner import ForwardRunner
+
+        self.acc = dict.fromkeys(("gemm", "attention", "forward", "lm_head"), 0.0)
+        self.in_forward = False
+        cpu_gemm.packed_linear_impl = self._wrap(cpu_gemm.packed_linear_impl, "gemm")
+        for name in ("unified_kv_cache_update_impl", "unified_attention_with_output_impl"):
+            setattr(layer, name, self._wrap(getattr(layer, name), "attention"))
+        ForwardRunner.run = self._wrap(ForwardRunner.run, "forward")
+
+    def _wrap(self, fn: Any, part: str) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            key = "lm_head" if part == "gemm" and not self.in_forward else part
+            if part == "forward":
+                self.in_forward = True
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.acc[key] += time.perf_counter() - t
+                if part == "forward":
+                    self.in_forward = False
+
+        return call
+
+    def reset(self) -> None:
+        self.acc = dict.fromkeys(self.acc, 0.0)
+
+
+def _decode(
+    engine: Any, timers: StepTimers, batch: int, args: argparse.Namespace, tag: str
+) -> dict[str, float]:
+    """Decode tokens/s of one batch of ``batch`` requests (after their prefill step),
+    and the per-step milliseconds of each part of the decode steps."""
     from minivllm.sampling_params import SamplingParams
 
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    for i in range(batch):
+        ids = [(7 * i + j) % 1000 + 10 for j in range(args.prompt_len)]
+        engine.add_request(f"{tag}-{i}", {"prompt_token_ids": ids}, params)
+    engine.step()  # the prefill
+    timers.reset()
+    start, steps = time.perf_counter(), 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    elapsed = time.perf_counter() - start
+    ms = {k: v * 1000 / max(steps, 1) for k, v in timers.acc.items()}
+    return {
+        "tok_s": batch * steps / elapsed if elapsed else 0.0,
+        "step": elapsed * 1000 / max(steps, 1),
+        "gemm": ms["gemm"],
+        "attention": ms["attention"],
+        "rest": ms["forward"] - ms["gemm"] - ms["attention"],
+        "outside": elapsed * 1000 / max(steps, 1) - ms["forward"],
+    }
+
+
+def _worker(args: argparse.Namespace) -> None:
+    """Build one engine, report its start-up, then decode a batch per stdin command."""
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.engine.llm_engine import LLMEngine
+
+    timers = StepTimers()
     t0 = time.perf_counter()
     engine_args = EngineArgs(
         model=args.model,
@@ -40,40 +127,56 @@ def _worker(args: argparse.Namespace) -> None:
     engine = LLMEngine.from_engine_args(engine_args)
     startup = time.perf_counter() - t0
     cc = engine.vllm_config.compilation_config
-    result: dict[str, object] = {
+    _decode(engine, timers, max(args.batch_sizes), args, "warmup")  # first-call costs stay out
+    ready = {
         "startup_s": startup,
         "compile_s": cc.compilation_time,
         "mode": cc.mode.name if cc.mode is not None else "NONE",
-        "cudagraph_mode": str(cc.cudagraph_mode),
+        "dtype": str(engine.vllm_config.model_config.dtype).removeprefix("torch."),
     }
-    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
-    for batch in args.batch_sizes:
-        for i in range(batch):
-            ids = [(7 * i + j) % 1000 + 10 for j in range(args.prompt_len)]
-            engine.add_request(f"b{batch}-{i}", {"prompt_token_ids": ids}, params)
-        engine.step()  # the prefill
-        start, steps = time.perf_counter(), 0
-        while engine.has_unfinished_requests():
-            engine.step()
-            steps += 1
-        elapsed = time.perf_counter() - start
-        result[f"decode_tok_s_b{batch}"] = batch * steps / elapsed if elapsed else 0.0
-    print("RESULT " + json.dumps(result), flush=True)
+    print("READY " + json.dumps(ready), flush=True)
+    for n, line in enumerate(sys.stdin):
+        result = _decode(engine, timers, int(line), args, f"r{n}")
+        print("RESULT " + json.dumps(result), flush=True)
 
 
-def _run(args: argparse.Namespace, level: int, cache_root: str) -> dict[str, float]:
-    cmd = [sys.executable, __file__, WORKER_FLAG, "--level", str(level)]
-    cmd += ["--tokens", str(args.tokens), "--prompt-len", str(args.prompt_len)]
-    cmd += ["--dtype", args.dtype, "--device", args.device, "--batch-sizes"]
-    cmd += [str(b) for b in args.batch_sizes]
-    if args.model:
-        cmd += ["--model", args.model]
-    env = {**os.environ, "MINIVLLM_CACHE_ROOT": cache_root}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line.removeprefix("RESULT "))
-    raise RuntimeError(f"-O{level} run failed:\n{proc.stderr[-3000:]}")
+class Worker:
+    """One configuration's engine process, driven over its stdin/stdout."""
+
+    def __init__(self, name: str, args: argparse.Namespace, level: int, cache_root: str):
+        cmd = [sys.executable, __file__, WORKER_FLAG, "--level", str(level)]
+        cmd += ["--tokens", str(args.tokens), "--prompt-len", str(args.prompt_len)]
+        cmd += ["--dtype", args.dtype, "--device", args.device, "--batch-sizes"]
+        cmd += [str(b) for b in args.batch_sizes]
+        if args.model:
+            cmd += ["--model", args.model]
+        env = {**os.environ, "MINIVLLM_CACHE_ROOT": cache_root}
+        self.name = name
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
+        )
+        self.info: dict[str, Any] = json.loads(self._expect("READY"))
+        self.samples: dict[int, list[dict[str, float]]] = {}
+
+    def _expect(self, tag: str) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(tag + " "):
+                return line.removeprefix(tag + " ")
+        self.log.seek(0)
+        raise RuntimeError(f"{self.name} worker failed:\n{self.log.read()[-3000:]}")
+
+    def decode(self, batch: int) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{batch}\n")
+        self.proc.stdin.flush()
+        self.samples.setdefault(batch, []).append(json.loads(self._expect("RESULT")))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 def main() -> None:
@@ -83,7 +186,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved decode rounds")
+    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-cache run")
     parser.add_argument(WORKER_FLAG, action="store_true", help=argparse.SUPPRESS)
@@ -93,23 +197,57 @@ def main() -> None:
         _worker(args)
         return
 
-    rows: list[tuple[str, dict[str, float]]] = []
+    workers: list[Worker] = []
     with tempfile.TemporaryDirectory(prefix="minivllm-bench-") as tmp:
-        for level in args.levels:
-            root = os.path.join(tmp, f"O{level}")
-            rows.append((f"-O{level}", _run(args, level, root)))
-            if level == max(args.levels) and level > 0 and not args.no_warm:
-                rows.append((f"-O{level} warm cache", _run(args, level, root)))
-    base = rows[0][1]
+        try:
+            for level in args.levels:
+                root = os.path.join(tmp, f"O{level}")
+                workers.append(Worker(f"-O{level}", args, level, root))
+                if level == max(args.levels) and level > 0 and not args.no_warm:
+                    workers.append(Worker(f"-O{level} warm cache", args, level, root))
+            for r in range(args.rounds):
+                order = workers[r % len(workers) :] + workers[: r % len(workers)]
+                for batch in args.batch_sizes:
+                    for w in order:
+                        w.decode(batch)
+        finally:
+            for w in workers:
+                w.close()
+    _print_table(workers, args)
+
+
+def _median(w: Worker, batch: int, key: str) -> float:
+    return statistics.median(sample[key] for sample in w.samples[batch])
+
+
+def _print_table(workers: list[Worker], args: argparse.Namespace) -> None:
     cols = ["startup_s", "compile_s"] + [f"decode_tok_s_b{b}" for b in args.batch_sizes]
-    header = f"{'config':<18}{'mode':<14}" + "".join(f"{c:>18}" for c in cols)
-    print(header + f"{'speed-up':>10}")
-    last = f"decode_tok_s_b{args.batch_sizes[-1]}"
-    for name, r in rows:
-        cells = "".join(f"{r[c]:>18.2f}" for c in cols)
-        speedup = r[last] / base[last] if base[last] else float("nan")
-        print(f"{name:<18}{r['mode']:<14}{cells}{speedup:>9.2f}x")
-    print(f"(speed-up: decode tokens/s at batch {args.batch_sizes[-1]} relative to {rows[0][0]})")
+    print(f"{'config':<18}{'mode':<14}" + "".join(f"{c:>18}" for c in cols) + f"{'speed-up':>10}")
+    last = args.batch_sizes[-1]
+    base = _median(workers[0], last, "tok_s")
+    for w in workers:
+        cells = [w.info["startup_s"], w.info["compile_s"]]
+        cells += [_median(w, b, "tok_s") for b in args.batch_sizes]
+        row = "".join(f"{c:>18.2f}" for c in cells)
+        speedup = _median(w, last, "tok_s") / base
+        print(f"{w.name:<18}{w.info['mode']:<14}{row}{speedup:>9.2f}x")
+    print(
+        f"(decode: median of {args.rounds} interleaved rounds; speed-up: decode tokens/s at "
+        f"batch {last} relative to {workers[0].name}; dtype {workers[0].info['dtype']})"
+    )
+    parts = ["step", "gemm", "attention", "rest", "outside"]
+    print(f"\nms per decode step at batch {last} (medians):")
+    print(f"{'config':<18}" + "".join(f"{p:>11}" for p in parts) + f"{'bound':>9}")
+    for w in workers:
+        ms = {p: _median(w, last, p) for p in parts}
+        bound = ms["step"] / max(ms["step"] - ms["rest"], 1e-9)
+        cells = "".join(f"{ms[p]:>11.1f}" for p in parts)
+        print(f"{w.name:<18}{cells}{bound:>8.2f}x")
+    print(
+        "(gemm: linear layers in the forward; attention: KV write + paged attention; rest: "
+        "the other forward work, which compilation fuses; outside: inputs, LM head, "
+        "sampling, scheduling; bound: step / (step - rest))"
+    )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -32,6 +33,11 @@ class AttentionMetadata:
     K/V are written; -1 for padding tokens (not written)."""
     query_start_loc_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
+    backend_plan: dict[str, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Values a backend derives from this metadata once per step (index tensors,
+    masks) and then reuses in every layer; keyed by backend name."""
 
     @property
     def num_reqs(self) -> int:

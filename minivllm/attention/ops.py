@@ -41,6 +41,37 @@ def dequantize_from_cache(
     return (x.float() * scale).to(out_dtype)
 
 
+def valid_slots(
+    slot_mapping: torch.Tensor, num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The slots to write for the first ``num_tokens`` rows, and which rows they are.
+
+    Rows whose slot is negative (padding) are dropped; the row index is None when
+    every row is kept (the common case, which then needs no gather).
+    """
+    slots = slot_mapping[:num_tokens]
+    valid = slots >= 0
+    if bool(valid.all()):
+        return slots, None
+    rows = valid.nonzero().squeeze(1)
+    return slots.index_select(0, rows), rows
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slots: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """Store ``key``/``value`` [len(slots), num_kv_heads, head_dim] at flat ``slots``."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    flat[0][slots] = quantize_for_cache(key, kv_cache.dtype, k_scale)
+    flat[1][slots] = quantize_for_cache(value, kv_cache.dtype, v_scale)
+
+
 def write_kv_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -55,15 +86,11 @@ def write_kv_cache(
     ``len(slot_mapping)`` are ignored.
     """
     num_tokens = min(key.shape[0], slot_mapping.shape[0])
-    slots = slot_mapping[:num_tokens]
+    slots, rows = valid_slots(slot_mapping, num_tokens)
     key, value = key[:num_tokens], value[:num_tokens]
-    valid = slots >= 0
-    if not bool(valid.all()):
-        slots, key, value = slots[valid], key[valid], value[valid]
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
-    flat[0][slots] = quantize_for_cache(key, kv_cache.dtype, k_scale)
-    flat[1][slots] = quantize_for_cache(value, kv_cache.dtype, v_scale)
+    if rows is not None:
+        key, value = key.index_select(0, rows), value.index_select(0, rows)
+    store_kv(key, value, kv_cache, slots, k_scale, v_scale)
 
 
 def gather_kv(

@@ -21,6 +21,7 @@ from minivllm.attention.kv_cache import (
 )
 from minivllm.config.vllm_context import set_current_vllm_config
 from minivllm.logger import init_logger
+from minivllm.model_executor.layers.cpu_gemm import pack_linear_weights
 from minivllm.model_executor.loader import load_model
 from minivllm.sample.logprobs import compute_prompt_logprobs
 from minivllm.sample.metadata import SamplingMetadata
@@ -60,6 +61,9 @@ class ModelRunner:
                 mc.model, mc.hf_config, self.dtype, load_format=load_format, device=self.device
             )
         self.model.eval()
+        packed = pack_linear_weights(self.model, self.device, self.dtype)
+        if packed:
+            logger.info("packed %d linear weights for oneDNN GEMMs", packed)
         self.attn_layers = get_attention_layers(self.model)
         # Compilation (CompilationConfig.mode) and CUDA graphs: see worker/forward_runner.py.
         self.forward_runner = ForwardRunner(

@@ -99,6 +99,42 @@ def test_mixed_prefill_decode_matches_dense(block_size):
         torch.testing.assert_close(outs[i], ref, atol=1e-5, rtol=1e-5)
 
 
+def test_decode_rows_split_by_a_prefill_match_dense():
+    """Decode requests whose query rows are not 0..n-1 (a prefill chunk sits between)."""
+    lengths = [12, 20, 9, 15]
+    seqs = random_seqs(lengths, seed=3)
+    # Step 1: seq 0 decodes, seq 1 prefills 8 tokens, seqs 2 and 3 decode.
+    chunks = [[11, 1], [12, 8], [8, 1], [14, 1]]
+    layer = make_layer(block_size=4)
+    outs = run_schedule(layer, 4, seqs, chunks, padded=2)
+    for i in range(len(lengths)):
+        ref = dense_reference(seqs[0][i], seqs[1][i], seqs[2][i])
+        torch.testing.assert_close(outs[i], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_step_plan_is_built_once_per_step(monkeypatch):
+    """Every layer of a step reuses the first layer's plan; a new step builds its own."""
+    from minivllm.attention.backends import cpu_sdpa
+
+    calls = []
+    real = cpu_sdpa.build_step_plan
+    monkeypatch.setattr(
+        cpu_sdpa, "build_step_plan", lambda md, bs: calls.append(md) or real(md, bs)
+    )
+    layers = [make_layer(block_size=4), make_layer(block_size=4)]
+    layers[1].layer_name = "l1.attn"
+    q, k, v = random_seqs([6, 6], seed=4)
+    for step in range(2):
+        md = build_attention_metadata([3, 3], [3 * step + 3] * 2, [[0, 1], [2, 3]], 4)
+        ctx = {layer.layer_name: layer for layer in layers}
+        rows = slice(3 * step, 3 * step + 3)
+        flat = [torch.cat([x[0][rows], x[1][rows]]).flatten(1) for x in (q, k, v)]
+        with set_forward_context(md, ctx):
+            for layer in layers:
+                layer(*flat)
+        assert len(calls) == step + 1 and calls[-1] is md
+
+
 def test_pure_decode_batch_matches_dense():
     lengths = [3, 40, 1, 18, 33]
     seqs = random_seqs(lengths, seed=1)

@@ -5,17 +5,22 @@ Decode rows (one query token) of all requests are batched into one padded SDPA
 call with a key-padding mask; prefill rows (several query tokens, possibly
 continuing a cached context) run one SDPA call per request with the causal mask
 shifted so query ``i`` sees context positions ``<= seq_len - query_len + i``.
+
+Everything that depends only on the step's metadata (which requests decode, their
+padded key mask, the slots to write) is worked out once per step in a `StepPlan`
+and reused by every layer: per layer only the gathers and the SDPA calls remain.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.attention.ops import gather_kv, gather_kv_batched, write_kv_cache
+from minivllm.attention.ops import gather_kv, gather_kv_batched, store_kv, valid_slots
 
 
 def _sdpa(
@@ -38,16 +43,119 @@ def _sdpa(
     )
 
 
+@dataclass
+class DecodeGroup:
+    """The requests of a step that have exactly one query token."""
+
+    rows: torch.Tensor | None
+    """Their query rows in the flat batch; None when they are rows ``0..n-1``."""
+    num: int
+    block_tables: torch.Tensor
+    max_seq_len: int
+    key_mask: torch.Tensor
+    """bool [n, 1, 1, L]: which of the ``L`` gathered key positions are real."""
+
+
+@dataclass
+class PrefillSpan:
+    """One request with several query tokens."""
+
+    req: int
+    start: int
+    end: int
+    seq_len: int
+    mask: torch.Tensor | None
+    """Causal mask shifted to the end of a cached context; None for a plain causal
+    prompt (SDPA's ``is_causal``) or a single row."""
+
+
+@dataclass
+class StepPlan:
+    """What every layer's attention needs of one step's metadata."""
+
+    write_slots: torch.Tensor
+    write_rows: torch.Tensor | None
+    """Token rows whose K/V are written; None when it is every row."""
+    decode: DecodeGroup | None
+    prefills: list[PrefillSpan]
+
+
+def build_step_plan(md: AttentionMetadata, block_size: int) -> StepPlan:
+    """Derive a `StepPlan` from ``md`` (runs once per step, not once per layer)."""
+    device = md.block_tables.device
+    qsl = md.query_start_loc_cpu
+    if qsl is None:
+        qsl = md.query_start_loc.tolist()
+    seq_lens = md.seq_lens_cpu
+    if seq_lens is None:
+        seq_lens = md.seq_lens.tolist()
+    num_reqs = len(seq_lens)
+    write_slots, write_rows = valid_slots(md.slot_mapping, md.num_actual_tokens)
+    decode_reqs = [i for i in range(num_reqs) if qsl[i + 1] - qsl[i] == 1]
+    if len(decode_reqs) <= 1:
+        decode_reqs = []  # a lone decode row is as cheap on the prefill path
+    decode = None
+    if decode_reqs:
+        lens = [seq_lens[i] for i in decode_reqs]
+        max_len = max(lens)
+        padded = -(-max_len // block_size) * block_size
+        key_mask = (
+            torch.arange(padded, device=device)[None, :]
+            < torch.tensor(lens, device=device)[:, None]
+        )
+        token_rows = [qsl[i] for i in decode_reqs]
+        contiguous = token_rows == list(range(len(token_rows)))
+        all_decode = len(decode_reqs) == num_reqs
+        decode = DecodeGroup(
+            rows=None if contiguous else torch.tensor(token_rows, device=device),
+            num=len(decode_reqs),
+            block_tables=md.block_tables
+            if all_decode
+            else md.block_tables.index_select(0, torch.tensor(decode_reqs, device=device)),
+            max_seq_len=max_len,
+            key_mask=key_mask[:, None, None, :],
+        )
+    prefills = []
+    decode_set = set(decode_reqs)
+    for i in range(num_reqs):
+        query_len = qsl[i + 1] - qsl[i]
+        if i in decode_set or query_len == 0:
+            continue
+        seq_len = seq_lens[i]
+        mask = None
+        if 1 < query_len < seq_len:
+            # The query is the tail of the sequence: shift the causal diagonal right.
+            q_pos = torch.arange(seq_len - query_len, seq_len, device=device)
+            mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
+        prefills.append(PrefillSpan(i, qsl[i], qsl[i + 1], seq_len, mask))
+    return StepPlan(write_slots, write_rows, decode, prefills)
+
+
 class CpuSdpaBackend:
     """Paged attention built from gathers and SDPA calls."""
 
     name = "CPU_SDPA"
 
+    def plan(self, layer: Any, md: AttentionMetadata) -> StepPlan:
+        """This step's plan, built by the first layer that asks."""
+        plan = md.backend_plan.get(self.name)
+        if plan is None:
+            assert layer.kv_cache is not None
+            plan = build_step_plan(md, layer.kv_cache.shape[2])
+            md.backend_plan[self.name] = plan
+        return plan
+
     def write_kv(
         self, layer: Any, key: torch.Tensor, value: torch.Tensor, md: AttentionMetadata
     ) -> None:
         """Write this step's K/V ([T, nkv, hd]) into ``layer.kv_cache``."""
-        write_kv_cache(key, value, layer.kv_cache, md.slot_mapping, layer.k_scale, layer.v_scale)
+        plan = self.plan(layer, md)
+        if plan.write_rows is not None:
+            key, value = (
+                key.index_select(0, plan.write_rows),
+                value.index_select(0, plan.write_rows),
+            )
+        store_kv(key, value, layer.kv_cache, plan.write_slots, layer.k_scale, layer.v_scale)
 
     def forward(
         self,
@@ -70,34 +178,13 @@ class CpuSdpaBackend:
             )
             output.copy_(out[0].transpose(0, 1))
             return
-
-        qsl = md.query_start_loc_cpu
-        if qsl is None:
-            qsl = md.query_start_loc.tolist()
-        seq_lens = md.seq_lens_cpu
-        if seq_lens is None:
-            seq_lens = md.seq_lens.tolist()
-        num_reqs = len(seq_lens)
-        decode_reqs = [i for i in range(num_reqs) if qsl[i + 1] - qsl[i] == 1]
-        if len(decode_reqs) == num_reqs:
-            self._decode(layer, query, md.block_tables, qsl[:-1], seq_lens, output)
-        elif len(decode_reqs) > 1:
-            idx = torch.tensor(decode_reqs, device=md.block_tables.device)
-            self._decode(
-                layer,
-                query,
-                md.block_tables.index_select(0, idx),
-                [qsl[i] for i in decode_reqs],
-                [seq_lens[i] for i in decode_reqs],
-                output,
-            )
-        decode_set = set(decode_reqs) if len(decode_reqs) > 1 else set()
-        for i in range(num_reqs):
-            if i in decode_set:
-                continue
+        plan = self.plan(layer, md)
+        if plan.decode is not None:
+            self._decode(layer, query, plan.decode, output)
+        for span in plan.prefills:
             self._prefill_one(
-                layer, query[qsl[i] : qsl[i + 1]], md.block_tables[i], seq_lens[i],
-                output[qsl[i] : qsl[i + 1]],
+                layer, query[span.start : span.end], md.block_tables[span.req], span,
+                output[span.start : span.end],
             )  # fmt: skip
 
     def _prefill_one(
@@ -105,50 +192,43 @@ class CpuSdpaBackend:
         layer: Any,
         q: torch.Tensor,
         block_table: torch.Tensor,
-        seq_len: int,
+        span: PrefillSpan,
         out: torch.Tensor,
     ) -> None:
         query_len = q.shape[0]
-        if query_len == 0:
-            return
         k, v = gather_kv(
-            layer.kv_cache, block_table, seq_len, q.dtype, layer.k_scale, layer.v_scale
+            layer.kv_cache, block_table, span.seq_len, q.dtype, layer.k_scale, layer.v_scale
         )
-        mask = None
-        if 1 < query_len < seq_len:
-            # The query is the tail of the sequence: shift the causal diagonal right.
-            q_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
         res = _sdpa(
             q.transpose(0, 1)[None],
             k.transpose(0, 1)[None],
             v.transpose(0, 1)[None],
             layer.scale,
-            mask=mask,
-            is_causal=query_len == seq_len and query_len > 1,
+            mask=span.mask,
+            is_causal=query_len == span.seq_len and query_len > 1,
         )
         out.copy_(res[0].transpose(0, 1))
 
     def _decode(
-        self,
-        layer: Any,
-        query: torch.Tensor,
-        block_tables: torch.Tensor,
-        token_ids: list[int],
-        seq_lens: list[int],
-        output: torch.Tensor,
+        self, layer: Any, query: torch.Tensor, group: DecodeGroup, output: torch.Tensor
     ) -> None:
         """One padded SDPA call for requests that each have a single query token."""
-        max_len = max(seq_lens)
         k, v = gather_kv_batched(
-            layer.kv_cache, block_tables, max_len, query.dtype, layer.k_scale, layer.v_scale
+            layer.kv_cache,
+            group.block_tables,
+            group.max_seq_len,
+            query.dtype,
+            layer.k_scale,
+            layer.v_scale,
         )
-        padded_len = k.shape[1]
-        lens = torch.tensor(seq_lens, device=query.device)
-        mask = torch.arange(padded_len, device=query.device)[None, :] < lens[:, None]
-        rows = torch.tensor(token_ids, device=query.device)
-        q = query.index_select(0, rows)[:, :, None, :]  # [B, nh, 1, hd]
+        if group.rows is None:
+            q = query[: group.num]
+        else:
+            q = query.index_select(0, group.rows)
         res = _sdpa(
-            q, k.transpose(1, 2), v.transpose(1, 2), layer.scale, mask=mask[:, None, None, :]
+            q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2), layer.scale, group.key_mask
         )
-        output.index_copy_(0, rows, res[:, :, 0, :])
+        if group.rows is None:
+            output[: group.num].copy_(res[:, :, 0, :])
+        else:
+            output.index_copy_(0, group.rows, res[:, :, 0, :])

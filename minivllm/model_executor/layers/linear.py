@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.model_executor.layers import cpu_gemm
 from minivllm.model_executor.layers.utils import (
     default_weight_loader,
     make_param,
@@ -32,6 +33,8 @@ class LinearBase(nn.Module):
             set_weight_loader(self.bias, self.weight_loader)
         else:
             self.register_parameter("bias", None)
+        self.use_packed_gemm = False
+        """Set by `cpu_gemm.pack_linear_weights` once the weight is packed for oneDNN."""
 
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None = None
@@ -50,6 +53,8 @@ class LinearBase(nn.Module):
         return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_packed_gemm:
+            return cpu_gemm.linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:

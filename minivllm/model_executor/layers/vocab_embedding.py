@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.model_executor.layers import cpu_gemm
 from minivllm.model_executor.layers.utils import default_weight_loader, make_param
 
 
@@ -29,6 +30,11 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Output projection to the vocabulary; may share its weight with the embedding."""
 
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        self.use_packed_gemm = False
+        """Set by `cpu_gemm.pack_linear_weights` once the weight is packed for oneDNN."""
+
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
         """Use the embedding table as the output projection (``tie_word_embeddings``)."""
         self.weight = embed_tokens.weight
@@ -47,7 +53,10 @@ class LogitsProcessor(nn.Module):
         self.soft_cap = soft_cap
 
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden_states, lm_head.weight).float()
+        if lm_head.use_packed_gemm:
+            logits = cpu_gemm.linear(hidden_states, lm_head.weight, None).float()
+        else:
+            logits = F.linear(hidden_states, lm_head.weight).float()
         if self.soft_cap is not None:
             logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
         if self.scale != 1.0:

@@ -18,6 +18,7 @@ from minivllm.attention.kv_cache import is_fp8
 from minivllm.attention.ops import compute_kv_scale
 from minivllm.forward_context import get_forward_context
 from minivllm.model_executor.custom_op import current_vllm_config
+from minivllm.torch_ops import register_op
 
 
 class Attention(nn.Module):
@@ -163,21 +164,25 @@ def unified_attention_with_output_impl(
     )
 
 
-@torch.library.custom_op("minivllm::unified_kv_cache_update", mutates_args=())
-def unified_kv_cache_update(
+def _kv_cache_update_kernel(
     key: torch.Tensor, value: torch.Tensor, layer_name: str
 ) -> torch.Tensor:
-    """Custom-op form of `unified_kv_cache_update_impl` (mutates the layer's cache)."""
+    # The impl is looked up at call time, so wrapping it (benchmark timers) works.
     return unified_kv_cache_update_impl(key, value, layer_name)
 
 
-@unified_kv_cache_update.register_fake
-def _(key: torch.Tensor, value: torch.Tensor, layer_name: str) -> torch.Tensor:
+def _kv_cache_update_fake(key: torch.Tensor, value: torch.Tensor, layer_name: str) -> torch.Tensor:
     return torch.empty(0, dtype=key.dtype, device=key.device)
 
 
-@torch.library.custom_op("minivllm::unified_attention_with_output", mutates_args=("output",))
-def unified_attention_with_output(
+unified_kv_cache_update = register_op(
+    "unified_kv_cache_update", _kv_cache_update_kernel, _kv_cache_update_fake
+)
+"""``minivllm::unified_kv_cache_update``; it writes the layer's cache, which the graph
+cannot see: the empty tensor it returns orders it before the attention op."""
+
+
+def _attention_kernel(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -185,12 +190,10 @@ def unified_attention_with_output(
     layer_name: str,
     kv_cache_dummy_dep: torch.Tensor | None = None,
 ) -> None:
-    """Custom-op form of `unified_attention_with_output_impl`."""
     unified_attention_with_output_impl(query, key, value, output, layer_name, kv_cache_dummy_dep)
 
 
-@unified_attention_with_output.register_fake
-def _(
+def _attention_fake(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -199,3 +202,9 @@ def _(
     kv_cache_dummy_dep: torch.Tensor | None = None,
 ) -> None:
     return None
+
+
+unified_attention_with_output = register_op(
+    "unified_attention_with_output", _attention_kernel, _attention_fake, mutates_args=("output",)
+)
+"""``minivllm::unified_attention_with_output``: attention written into ``output``."""

@@ -1,6 +1,6 @@
 """The worker: one device, its threads, its memory budget, and the model runner.
 
-Thread settings on CPU (measured on a 2-core AVX2 machine, see README):
+Thread settings on CPU (measured on a 2-core machine, see README):
 - libgomp threads spin-wait by default, which starves other processes and, on a
   busy machine, slowed decode 5-10x; ``OMP_WAIT_POLICY=PASSIVE`` is set in
   ``minivllm/__init__.py`` before torch is imported (an explicit user value wins).

@@ -3,7 +3,7 @@
 Each configuration runs in its own worker process, so start-up includes everything
 a user waits for (model load, Dynamo trace, Inductor compilation or cache loads) and
 no process inherits another's in-memory caches.  The cold runs get an empty
-MINIVLLM_CACHE_ROOT; the warm run reuses the -O2 run's.
+MINIVLLM_CACHE_ROOT (and Inductor kernel cache); the warm run reuses the -O2 run's.
 
 Workers start one after another (start-up is timed alone), then stay alive and
 take turns: each round asks every worker, in a rotating order, to decode one batch
@@ -150,7 +150,13 @@ class Worker:
         cmd += [str(b) for b in args.batch_sizes]
         if args.model:
             cmd += ["--model", args.model]
-        env = {**os.environ, "MINIVLLM_CACHE_ROOT": cache_root}
+        # Inductor's own kernel cache moves along, so a cold start really compiles.
+        inductor_dir = os.path.join(cache_root, "inductor")
+        env = {
+            **os.environ,
+            "MINIVLLM_CACHE_ROOT": cache_root,
+            "TORCHINDUCTOR_CACHE_DIR": inductor_dir,
+        }
         self.name = name
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(

@@ -46,7 +46,12 @@ def graph_key(gm: fx.GraphModule, example_args: list[Any], label: str) -> str:
     for i, node in enumerate(gm.graph.nodes):
         index[node] = i
         target = node.target
-        name = target if isinstance(target, str) else getattr(target, "__qualname__", str(target))
+        if node.op == "placeholder":
+            name = "input"  # an input's name (which layer's weight) is not what it computes
+        elif isinstance(target, str):
+            name = target  # get_attr keeps its name: the attribute's value is baked in
+        else:
+            name = getattr(target, "__qualname__", str(target))
         mod = getattr(target, "__module__", "")
         lines.append(f"{node.op}|{mod}.{name}|{ref(node.args)!r}|{ref(node.kwargs)!r}")
     lines += [_describe(a) for a in example_args]

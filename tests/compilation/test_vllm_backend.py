@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from compile_helpers import NUM_LAYERS
+from compile_helpers import NUM_LAYERS, save_tiny_llama
 
 from minivllm.attention.kv_cache import get_attention_layers
 from minivllm.compilation.backend import VllmBackend
@@ -50,6 +50,21 @@ def test_one_piece_more_than_splitting_ops(tiny_llama: Path) -> None:
     split_ops = [i for i in backend.items if i.is_splitting_graph]
     assert len(split_ops) == NUM_LAYERS  # one attention op per layer
     assert len(backend.pieces) == len(split_ops) + 1
+
+
+def test_identical_decoder_pieces_are_compiled_once(tmp_path: Path) -> None:
+    """Pieces that differ only in which layer's weights they take share one compile."""
+    model, forward, layers = build(save_tiny_llama(tmp_path, num_layers=4))
+    before = compilation_counter.clone()
+    run(forward, model, layers, 8)
+    backend: VllmBackend = forward.backend
+    assert len(backend.pieces) == 5
+    compiled = [id(fn) for p in backend.pieces for _, fn in p.range_entries]
+    # first (embedding + layer 0), three identical middles, last (final norm)
+    assert len(set(compiled)) == 3 * len(backend.compilation_config.get_compile_ranges())
+    middle = [[id(fn) for _, fn in p.range_entries] for p in backend.pieces[1:4]]
+    assert middle[0] == middle[1] == middle[2]
+    assert compilation_counter.delta(before)["num_backend_compilations"] == len(set(compiled))
 
 
 def test_default_splitting_ops_isolate_kv_update_and_attention(tiny_llama: Path) -> None:

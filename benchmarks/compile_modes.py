@@ -44,22 +44,23 @@ WORKER_FLAG = "--_worker"
 class StepTimers:
     """Wall time of the GEMMs, the attention ops and the whole forward, per step.
 
-    Installed by wrapping the functions both eager and compiled code call: the
-    packed GEMM (`cpu_gemm.packed_linear_impl`, inside the ``minivllm::packed_linear``
-    op when compiled), the two attention ops' implementations and
-    `ForwardRunner.run`.  GEMMs outside the forward (the LM head) count apart.
+    Installed by wrapping what both eager and compiled code call at run time: the
+    packed GEMM (`cpu_gemm.onednn_linear`, inside the ``minivllm::packed_linear`` op
+    when compiled), the CPU attention backend's KV
+    write and attention, and `ForwardRunner.run`.  GEMMs outside the forward (the LM
+    head) count apart.  Unpacked GEMMs (``MINIVLLM_CPU_PACKED_GEMM=0``) are not timed.
     """
 
     def __init__(self) -> None:
-        from minivllm.attention import layer
+        from minivllm.attention.backends.cpu_sdpa import CpuSdpaBackend
         from minivllm.model_executor.layers import cpu_gemm
         from minivllm.worker.forward_runner import ForwardRunner
 
         self.acc = dict.fromkeys(("gemm", "attention", "forward", "lm_head"), 0.0)
         self.in_forward = False
-        cpu_gemm.packed_linear_impl = self._wrap(cpu_gemm.packed_linear_impl, "gemm")
-        for name in ("unified_kv_cache_update_impl", "unified_attention_with_output_impl"):
-            setattr(layer, name, self._wrap(getattr(layer, name), "attention"))
+        cpu_gemm.onednn_linear = self._wrap(cpu_gemm.onednn_linear, "gemm")
+        for name in ("write_kv", "forward"):
+            setattr(CpuSdpaBackend, name, self._wrap(getattr(CpuSdpaBackend, name), "attention"))
         ForwardRunner.run = self._wrap(ForwardRunner.run, "forward")
 
     def _wrap(self, fn: Any, part: str) -> Any:

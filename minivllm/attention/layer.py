@@ -164,33 +164,15 @@ def unified_attention_with_output_impl(
     )
 
 
-def _kv_cache_update_kernel(
-    key: torch.Tensor, value: torch.Tensor, layer_name: str
-) -> torch.Tensor:
-    # The impl is looked up at call time, so wrapping it (benchmark timers) works.
-    return unified_kv_cache_update_impl(key, value, layer_name)
-
-
 def _kv_cache_update_fake(key: torch.Tensor, value: torch.Tensor, layer_name: str) -> torch.Tensor:
     return torch.empty(0, dtype=key.dtype, device=key.device)
 
 
 unified_kv_cache_update = register_op(
-    "unified_kv_cache_update", _kv_cache_update_kernel, _kv_cache_update_fake
+    "unified_kv_cache_update", unified_kv_cache_update_impl, _kv_cache_update_fake
 )
 """``minivllm::unified_kv_cache_update``; it writes the layer's cache, which the graph
 cannot see: the empty tensor it returns orders it before the attention op."""
-
-
-def _attention_kernel(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    output: torch.Tensor,
-    layer_name: str,
-    kv_cache_dummy_dep: torch.Tensor | None = None,
-) -> None:
-    unified_attention_with_output_impl(query, key, value, output, layer_name, kv_cache_dummy_dep)
 
 
 def _attention_fake(
@@ -205,6 +187,9 @@ def _attention_fake(
 
 
 unified_attention_with_output = register_op(
-    "unified_attention_with_output", _attention_kernel, _attention_fake, mutates_args=("output",)
+    "unified_attention_with_output",
+    unified_attention_with_output_impl,
+    _attention_fake,
+    mutates_args=("output",),
 )
 """``minivllm::unified_attention_with_output``: attention written into ``output``."""

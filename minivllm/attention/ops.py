@@ -72,27 +72,6 @@ def store_kv(
     flat[1][slots] = quantize_for_cache(value, kv_cache.dtype, v_scale)
 
 
-def write_kv_cache(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-) -> None:
-    """Store ``key``/``value`` [T, num_kv_heads, head_dim] at their flat slots.
-
-    Rows whose slot is negative (padding) are skipped; rows beyond
-    ``len(slot_mapping)`` are ignored.
-    """
-    num_tokens = min(key.shape[0], slot_mapping.shape[0])
-    slots, rows = valid_slots(slot_mapping, num_tokens)
-    key, value = key[:num_tokens], value[:num_tokens]
-    if rows is not None:
-        key, value = key.index_select(0, rows), value.index_select(0, rows)
-    store_kv(key, value, kv_cache, slots, k_scale, v_scale)
-
-
 def gather_kv(
     kv_cache: torch.Tensor,
     block_table: torch.Tensor,

@@ -60,6 +60,15 @@ def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
     return entry[0]
 
 
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + bias`` with ``W`` packed by `pack_weight`; any leading dims of ``x``."""
+    if x.dim() == 2 and x.is_contiguous():
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 def packed_linear_impl(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -67,12 +76,7 @@ def packed_linear_impl(
     packed = packed_copy(weight)
     if packed is None:
         return F.linear(x, weight, bias)
-    if x.dim() != 2 or not x.is_contiguous():
-        lead = x.shape[:-1]
-        flat = x.reshape(-1, x.shape[-1]).contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
-        return out.view(*lead, out.shape[-1])
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return onednn_linear(x, packed, bias)
 
 
 def _packed_linear_fake(
@@ -81,14 +85,7 @@ def _packed_linear_fake(
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-def _packed_linear_kernel(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    # Looks packed_linear_impl up at call time, so wrapping it (benchmark timers) works.
-    return packed_linear_impl(x, weight, bias)
-
-
-packed_linear = register_op("packed_linear", _packed_linear_kernel, _packed_linear_fake)
+packed_linear = register_op("packed_linear", packed_linear_impl, _packed_linear_fake)
 """``minivllm::packed_linear``: `packed_linear_impl` as an op Dynamo and Inductor
 treat as opaque (they cannot handle the packed weight itself)."""
 
@@ -116,9 +113,9 @@ def pack_linear_weights(model: nn.Module, device: torch.device, dtype: torch.dty
 
 
 __all__ = [
-    "PACKED_ATTR",
     "packed_copy",
     "linear",
+    "onednn_linear",
     "pack_linear_weights",
     "packed_gemm_supported",
     "packed_linear",

@@ -2,7 +2,8 @@
 
 Written in plain torch, so it runs on any device; it is the CPU backend.
 Decode rows (one query token) of all requests are batched into one padded SDPA
-call with a key-padding mask; prefill rows (several query tokens, possibly
+call with a key-padding mask, the query heads that share a KV head folded into
+rows of that head; prefill rows (several query tokens, possibly
 continuing a cached context) run one SDPA call per request with the causal mask
 shifted so query ``i`` sees context positions ``<= seq_len - query_len + i``.
 
@@ -225,10 +226,16 @@ class CpuSdpaBackend:
             q = query[: group.num]
         else:
             q = query.index_select(0, group.rows)
-        res = _sdpa(
-            q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2), layer.scale, group.key_mask
-        )
+        # GQA without enable_gqa: the G query heads that share a KV head become G
+        # query rows of that head (they sit at one position, so no causal mask is
+        # needed).  SDPA's own GQA path is several times slower on CPU for one-token
+        # queries, bfloat16 worst of all.
+        n, num_heads, head_dim = q.shape
+        num_kv_heads = k.shape[2]
+        grouped = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        res = _sdpa(grouped, k.transpose(1, 2), v.transpose(1, 2), layer.scale, group.key_mask)
+        res = res.reshape(n, num_heads, head_dim)
         if group.rows is None:
-            output[: group.num].copy_(res[:, :, 0, :])
+            output[: group.num].copy_(res)
         else:
-            output.index_copy_(0, group.rows, res[:, :, 0, :])
+            output.index_copy_(0, group.rows, res)

@@ -40,3 +40,9 @@ def log_level() -> str:
 def compile_cache_save_format() -> str:
     """``MINIVLLM_COMPILE_CACHE_SAVE_FORMAT``: ``binary`` (default) or ``unpacked``."""
     return os.environ.get("MINIVLLM_COMPILE_CACHE_SAVE_FORMAT", "binary").strip().lower()
+
+
+def use_aot_compile() -> bool:
+    """``MINIVLLM_USE_AOT_COMPILE`` (default on): save VLLM_COMPILE's Dynamo trace with
+    the compile cache and load it on later starts instead of tracing again."""
+    return _flag("MINIVLLM_USE_AOT_COMPILE", default=True)

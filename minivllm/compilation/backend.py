@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -78,9 +79,9 @@ class VllmBackend:
         self.compilation_config = vllm_config.compilation_config
         self.prefix = prefix or "model"
         self.is_encoder = is_encoder
-        # Dynamo re-traces on every start; the compiled pieces are what the disk cache
-        # keeps. Full AOT (saving the Dynamo bytecode too) is not implemented.
         self.use_aot_compile = use_aot_compile
+        """Whether the model's Dynamo trace may be saved with the compile cache
+        (see `minivllm.compilation.aot`)."""
         self.split_gm: fx.GraphModule | None = None
         self.items: list[SplitItem] = []
         self.pieces: list[PiecewiseBackend] = []
@@ -93,6 +94,13 @@ class VllmBackend:
     @property
     def use_inductor(self) -> bool:
         return self.compilation_config.backend == "inductor"
+
+    def aot_directory(self) -> Path | None:
+        """Where the AOT trace of this module lives: the compile cache directory, when
+        AOT compilation is allowed and the cache is on (Inductor only); else None."""
+        if not (self.use_aot_compile and self.use_inductor) or _cache_disabled():
+            return None
+        return local_cache_dir(self.vllm_config, self.prefix)
 
     def _make_compiler(self) -> PieceCompiler:
         cc = self.compilation_config

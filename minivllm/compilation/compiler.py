@@ -117,12 +117,19 @@ class PieceCompiler:
         from torch._inductor import standalone_compile
 
         compilation_counter.num_inductor_compilations += 1
-        artifact = standalone_compile(
-            gm,
-            example_args,
-            dynamic_shapes="from_tracing_context" if dynamic else "from_example_inputs",
-            options={"config_patches": self.inductor_config},
-        )
+        # Our own key (`graph_key`) identifies the piece, so AOTAutograd need not derive
+        # one: for a graph loaded from an AOT trace it cannot (its symbols have no
+        # Dynamo sources), and without an AOTAutograd entry the artifact cannot be
+        # saved.  These are the settings Dynamo's own AOT compilation uses.
+        with torch._functorch.config.patch(
+            bypass_autograd_cache_key=True, bundled_autograd_cache=True, force_autograd_cache=True
+        ):
+            artifact = standalone_compile(
+                gm,
+                example_args,
+                dynamic_shapes="from_tracing_context" if dynamic else "from_example_inputs",
+                options={"config_patches": self.inductor_config},
+            )
         if self.cache is not None:
             try:
                 self.cache.save(key, artifact)

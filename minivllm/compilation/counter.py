@@ -35,6 +35,10 @@ class CompilationCounter:
     """Compiled pieces loaded from the on-disk compile cache."""
     num_cache_saves: int = 0
     """Compiled pieces written to the on-disk compile cache."""
+    num_aot_loads: int = 0
+    """Model forwards loaded from a saved AOT trace (no Dynamo trace that start)."""
+    num_aot_saves: int = 0
+    """AOT traces of a model forward written next to the compile cache."""
     num_noops_eliminated: int = 0
     """Nodes removed by the eliminate_noops pass."""
     num_cudagraph_captured: int = 0

@@ -10,7 +10,9 @@ runner runs instead of ``model(input_ids, positions)``:
   guard dropped, so no batch size ever re-traces (the model must not branch on
   the token count).  ``dynamic_shapes_config.evaluate_guards`` keeps the guards
   instead and makes a re-trace an error, to find where a model specialises.
-- ``VLLM_COMPILE``: the same single trace, handed to `VllmBackend`.
+- ``VLLM_COMPILE``: the same single trace, handed to `VllmBackend`.  With the
+  compile cache on, the trace itself is saved too and later starts load it instead
+  of running Dynamo (`minivllm.compilation.aot`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm import envs
+from minivllm.compilation.aot import AotForward, CanonicalBackend
+from minivllm.compilation.backend import VllmBackend
 from minivllm.compilation.counter import compilation_counter
 from minivllm.config.compilation_modes import CompilationMode
 from minivllm.config.dynamic_shapes import DynamicShapesType
@@ -75,22 +80,28 @@ class ModelForward:
         self.backend: Any = None
         self.counting: _CountingBackend | None = None
         self._fn: Callable[..., torch.Tensor] = model
+        self._aot: AotForward | None = None
+        self._aot_fn: Callable[..., torch.Tensor] | None = None
         if self.mode == CompilationMode.NONE:
             return
         compilation_counter.num_models_seen += 1
-        self.backend = cc.init_backend(vllm_config, prefix=prefix)
-        trace_once = self.mode != CompilationMode.STOCK_TORCH_COMPILE
         strict = cc.dynamic_shapes_config.evaluate_guards
-        self.counting = _CountingBackend(self.backend, trace_once, strict)
+        # A saved trace runs without guards, so evaluate_guards rules it out.
+        allow_aot = envs.use_aot_compile() and not strict
+        self.backend = cc.init_backend(vllm_config, prefix=prefix, use_aot_compile=allow_aot)
+        trace_once = self.mode != CompilationMode.STOCK_TORCH_COMPILE
+        backend = self.backend
+        forward = _private_forward(model)
+        directory = self.backend.aot_directory() if isinstance(self.backend, VllmBackend) else None
+        if directory is not None:
+            backend = CanonicalBackend(self.backend)
+            self._aot = AotForward(directory, model, forward.__func__.__globals__, self.backend)
+        self.counting = _CountingBackend(backend, trace_once, strict)
         options: dict[str, Any] = {}
         if trace_once and not strict:
             options["guard_filter_fn"] = torch.compiler.skip_all_guards_unsafe
         self._fn = torch.compile(
-            _private_forward(model),
-            backend=self.counting,
-            fullgraph=True,
-            dynamic=False,
-            options=options or None,
+            forward, backend=self.counting, fullgraph=True, dynamic=False, options=options or None
         )
         self._marked = False
 
@@ -113,11 +124,36 @@ class ModelForward:
                 torch._dynamo.mark_dynamic(t, 0)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self._aot_fn is not None:
+            return self._aot_fn(self.model, input_ids, positions)
         if self.is_compiled and (
             self.mode == CompilationMode.STOCK_TORCH_COMPILE or self.num_traces == 0
         ):
             self._mark_token_dim(input_ids, positions)
+            if self._aot is not None:
+                self._aot_fn = self._load_or_trace_aot(self._aot, input_ids, positions)
+                if self._aot_fn is not None:
+                    return self._aot_fn(self.model, input_ids, positions)
         return self._fn(input_ids, positions)
+
+    def _load_or_trace_aot(
+        self, aot: AotForward, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> Callable[..., torch.Tensor] | None:
+        """The saved forward, else a fresh AOT trace that gets saved; None if Dynamo
+        cannot AOT-compile here (the plain compiled call then traces as usual)."""
+        fn = aot.load()
+        if fn is not None:
+            return fn
+        try:
+            fn = self._fn.aot_compile(((input_ids, positions), {}))
+        except Exception as exc:
+            logger.warning("AOT compilation failed (%s); compiling without saving the trace", exc)
+            assert self.counting is not None
+            self.counting.num_traces = 0
+            self._aot = None
+            return None
+        aot.save(fn)
+        return fn
 
 
 def _private_forward(model: nn.Module) -> Callable[..., torch.Tensor]:

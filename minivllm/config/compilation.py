@@ -383,7 +383,9 @@ class CompilationConfig:
     ) -> str | Callable[..., Any]:
         """The torch.compile backend to use: a backend name or callable for modes 1 and 2,
         minivllm's piecewise backend for VLLM_COMPILE. ``prefix`` names this module's
-        cache directory; ``is_encoder`` marks a multimodal encoder."""
+        cache directory; ``is_encoder`` marks a multimodal encoder; ``use_aot_compile``
+        lets VLLM_COMPILE save the Dynamo trace with the compile cache so that later
+        starts load it instead of tracing (`minivllm.compilation.aot`)."""
         if self.mode is None:
             raise ValueError(
                 "No compilation mode is set; build the config through VllmConfig, which "

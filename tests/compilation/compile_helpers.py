@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +40,13 @@ def greedy_tokens(llm: Any, prompts: list[list[int]] = PROMPTS, n: int = 12) -> 
     params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def start(model: Path, **kwargs: Any) -> tuple[Any, dict[str, int], float]:
+    """`make_llm` plus what the start did (compilation counter delta) and its seconds."""
+    from minivllm.compilation.counter import compilation_counter
+
+    before = compilation_counter.clone()
+    t0 = time.perf_counter()
+    llm = make_llm(model, **kwargs)
+    return llm, compilation_counter.delta(before), time.perf_counter() - t0

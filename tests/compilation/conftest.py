@@ -12,3 +12,9 @@ from compile_helpers import save_tiny_llama
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A saved random 2-layer Llama (float32)."""
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def one_layer_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved random 1-layer Llama: the Inductor tests compile only two pieces of it."""
+    return save_tiny_llama(tmp_path_factory.mktemp("one_layer"), num_layers=1, seed=1)

@@ -1,31 +1,15 @@
 """Inductor + the on-disk compile cache: a second start compiles nothing.
 
-The one test here that runs Inductor (a C++ compiler on CPU): a 1-layer model
-keeps it to two distinct pieces.
+It runs Inductor (a C++ compiler on CPU); a 1-layer model keeps it to two
+distinct pieces.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from compile_helpers import greedy_tokens, make_llm, save_tiny_llama
-
-from minivllm.compilation.counter import compilation_counter
-
-
-@pytest.fixture(scope="module")
-def one_layer_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_llama(tmp_path_factory.mktemp("one_layer"), num_layers=1, seed=1)
-
-
-def start(model: Path, **kwargs: Any) -> tuple[Any, dict[str, int], float]:
-    before = compilation_counter.clone()
-    t0 = time.perf_counter()
-    llm = make_llm(model, **kwargs)
-    return llm, compilation_counter.delta(before), time.perf_counter() - t0
+from compile_helpers import greedy_tokens, make_llm, start
 
 
 def test_inductor_matches_eager_and_second_start_loads(

@@ -1,0 +1,150 @@
+"""The AOT-compiled forward: a second start loads Dynamo's saved trace instead of
+tracing, and a trace that no longer fits its sources (or cannot be read) is redone."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compile_helpers import greedy_tokens, make_llm, start
+
+from minivllm.compilation.aot import AOT_FILE, SOURCES_FILE
+
+INDUCTOR = {"mode": "VLLM_COMPILE", "backend": "inductor"}
+
+
+@pytest.fixture(scope="module")
+def first_start(one_layer_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A cold start with a fresh cache root, and the eager engine's tokens."""
+    root = tmp_path_factory.mktemp("aot_root")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINIVLLM_CACHE_ROOT", str(root))
+        eager = greedy_tokens(make_llm(one_layer_llama, compilation_config={"mode": 0}))
+        llm, counts, _ = start(one_layer_llama, compilation_config=INDUCTOR)
+        cache_dir = Path(llm.llm_engine.vllm_config.compilation_config.local_cache_dir)
+        tokens = greedy_tokens(llm)
+    return dict(root=root, cache_dir=cache_dir, eager=eager, counts=counts, tokens=tokens)
+
+
+def copy_root(first: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private copy of the first start's cache root, made the current one; returns
+    the copy's directory of the model's compiled artifacts."""
+    root = tmp_path / "root"
+    shutil.copytree(first["root"], root)
+    monkeypatch.setenv("MINIVLLM_CACHE_ROOT", str(root))
+    return root / first["cache_dir"].relative_to(first["root"])
+
+
+def test_first_start_traces_and_saves_the_trace(first_start: dict[str, Any]) -> None:
+    counts = first_start["counts"]
+    assert counts["num_dynamo_traces"] == 1 and counts["num_aot_saves"] == 1
+    assert counts.get("num_aot_loads", 0) == 0
+    assert (first_start["cache_dir"] / AOT_FILE).is_file()
+    sources = json.loads((first_start["cache_dir"] / SOURCES_FILE).read_text())
+    assert {"minivllm.model_executor.models.llama", "minivllm.attention.layer"} <= set(sources)
+    assert first_start["tokens"] == first_start["eager"]
+
+
+def test_second_start_loads_the_trace_and_compiles_nothing(
+    one_layer_llama: Path, first_start: dict[str, Any], tmp_path: Path, monkeypatch: Any
+) -> None:
+    copy_root(first_start, tmp_path, monkeypatch)
+    llm, counts, _ = start(one_layer_llama, compilation_config=INDUCTOR)
+    assert counts.get("num_dynamo_traces", 0) == 0 and counts["num_aot_loads"] == 1
+    # The loaded graph splits into the same pieces the first start compiled.
+    assert counts.get("num_backend_compilations", 0) == 0 and counts["num_cache_loads"] == 2
+    assert greedy_tokens(llm) == first_start["eager"]
+
+
+def test_changed_source_traces_again(
+    one_layer_llama: Path, first_start: dict[str, Any], tmp_path: Path, monkeypatch: Any
+) -> None:
+    cache_dir = copy_root(first_start, tmp_path, monkeypatch)
+    sources_file = cache_dir / SOURCES_FILE
+    sources = json.loads(sources_file.read_text())
+    true_hash = sources["minivllm.model_executor.models.llama"]
+    sources["minivllm.model_executor.models.llama"] = "0" * 64  # as if llama.py was edited
+    sources_file.write_text(json.dumps(sources))
+    llm, counts, _ = start(one_layer_llama, compilation_config=INDUCTOR)
+    assert counts["num_dynamo_traces"] == 1 and counts.get("num_aot_loads", 0) == 0
+    assert counts["num_aot_saves"] == 1
+    assert json.loads(sources_file.read_text())["minivllm.model_executor.models.llama"] == true_hash
+    assert greedy_tokens(llm) == first_start["eager"]
+
+
+def test_unreadable_trace_is_a_miss(
+    one_layer_llama: Path,
+    first_start: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cache_dir = copy_root(first_start, tmp_path, monkeypatch)
+    (cache_dir / AOT_FILE).write_bytes(b"not a pickle")
+    with caplog.at_level(logging.WARNING):
+        llm, counts, _ = start(one_layer_llama, compilation_config=INDUCTOR)
+    assert any("could not load" in r.getMessage() for r in caplog.records)
+    assert counts["num_dynamo_traces"] == 1 and counts["num_aot_saves"] == 1
+    assert greedy_tokens(llm) == first_start["eager"]
+
+
+@pytest.mark.parametrize(
+    ("env", "extra"),
+    [("0", {}), ("1", {"dynamic_shapes_config": {"evaluate_guards": True}})],
+    ids=["env-off", "evaluate-guards"],
+)
+def test_aot_can_be_turned_off(
+    one_layer_llama: Path,
+    first_start: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: Any,
+    env: str,
+    extra: dict[str, Any],
+) -> None:
+    """``MINIVLLM_USE_AOT_COMPILE=0`` ignores the saved trace; evaluate_guards (whose
+    guards a saved trace would drop) never saves one."""
+    copy_root(first_start, tmp_path, monkeypatch)
+    monkeypatch.setenv("MINIVLLM_USE_AOT_COMPILE", env)
+    llm, counts, _ = start(one_layer_llama, compilation_config={**INDUCTOR, **extra})
+    assert counts["num_dynamo_traces"] == 1
+    assert counts.get("num_aot_loads", 0) == 0 and counts.get("num_aot_saves", 0) == 0
+    cache_dir = Path(llm.llm_engine.vllm_config.compilation_config.local_cache_dir)
+    if extra:
+        assert not (cache_dir / AOT_FILE).exists()
+    assert greedy_tokens(llm) == first_start["eager"]
+
+
+def test_pieces_missing_from_the_cache_are_compiled_and_saved_on_load(
+    one_layer_llama: Path, first_start: dict[str, Any], tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The trace loads, the pieces it needs are compiled (no Dynamo) and cached."""
+    cache_dir = copy_root(first_start, tmp_path, monkeypatch)
+    for path in cache_dir.iterdir():
+        if path.name not in (AOT_FILE, SOURCES_FILE):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    llm, counts, _ = start(one_layer_llama, compilation_config=INDUCTOR)
+    assert counts.get("num_dynamo_traces", 0) == 0 and counts["num_aot_loads"] == 1
+    assert counts["num_inductor_compilations"] == 2 and counts["num_cache_saves"] == 2
+    assert greedy_tokens(llm) == first_start["eager"]
+    del llm
+    _, again, _ = start(one_layer_llama, compilation_config=INDUCTOR)
+    assert again.get("num_backend_compilations", 0) == 0 and again["num_cache_loads"] == 2
+
+
+def test_compile_sizes_are_cached_with_a_loaded_trace(
+    one_layer_llama: Path, first_start: dict[str, Any], tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A compile size's static pieces, compiled at warm-up from the loaded graph, are
+    saved and loaded like the rest."""
+    copy_root(first_start, tmp_path, monkeypatch)
+    sized = {**INDUCTOR, "compile_sizes": [4]}
+    _, first, _ = start(one_layer_llama, compilation_config=sized)  # a new config hash
+    assert first["num_dynamo_traces"] == 1 and first["num_cache_saves"] == 4
+    llm, second, _ = start(one_layer_llama, compilation_config=sized)
+    assert second.get("num_dynamo_traces", 0) == 0 and second["num_aot_loads"] == 1
+    assert second.get("num_backend_compilations", 0) == 0 and second["num_cache_loads"] == 4
+    assert greedy_tokens(llm) == first_start["eager"]

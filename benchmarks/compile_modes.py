@@ -35,9 +35,6 @@ import tempfile
 import time
 from typing import Any
 
-# Waiting workers must not spin OpenMP threads on the cores the measured one uses.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 WORKER_FLAG = "--_worker"
 
 

@@ -16,12 +16,10 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from minivllm.engine.arg_utils import EngineArgs  # noqa: E402
-from minivllm.engine.llm_engine import LLMEngine  # noqa: E402
-from minivllm.model_executor.layers.cpu_gemm import packed_gemm_supported  # noqa: E402
-from minivllm.sampling_params import SamplingParams  # noqa: E402
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.model_executor.layers.cpu_gemm import packed_gemm_supported
+from minivllm.sampling_params import SamplingParams
 
 CONFIGS = (
     ("float32, F.linear", "float32", "0"),

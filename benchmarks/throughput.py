@@ -19,23 +19,23 @@ Workloads:
 
 from __future__ import annotations
 
-import os
+# isort: off
+# minivllm first: it sets how long idle OpenMP threads spin before torch loads libgomp.
+import minivllm  # noqa: F401
+# isort: on
 
-# Idle OpenMP threads must sleep, not spin: minivllm and HF share this process's cores.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import gc
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-import gc  # noqa: E402
-import random  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
+import torch
 
-import torch  # noqa: E402
-
-from minivllm.engine.arg_utils import EngineArgs  # noqa: E402
-from minivllm.engine.cli_parser import FlexibleArgumentParser  # noqa: E402
-from minivllm.engine.llm_engine import LLMEngine  # noqa: E402
-from minivllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.cli_parser import FlexibleArgumentParser
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 HF_BATCH_SIZE = 16
 """Requests per static HF batch."""

@@ -13,6 +13,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(
         "MINIVLLM_CACHE_ROOT", str(config.rootpath / ".pytest_cache" / "minivllm")
     )
+    # Server tests run a server process next to this one on few cores: threads that
+    # spin at all would slow both down, so the tests let idle threads sleep at once.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

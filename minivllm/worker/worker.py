@@ -2,8 +2,8 @@
 
 Thread settings on CPU (measured on a 2-core machine, see README):
 - libgomp threads spin-wait ~300k iterations by default, which starves other
-  processes (decode 5-30x slower on a busy machine), while not spinning at all
-  costs 1.3-1.6x on an idle one; ``minivllm/__init__.py`` sets a short spin
+  processes (decode 2-30x slower on a busy machine), while not spinning at all
+  costs 1.2-1.45x on an idle one; ``minivllm/__init__.py`` sets a short spin
   (``GOMP_SPINCOUNT=1000``) before torch is imported (an explicit user value wins).
 - torch uses one intra-op thread per core the process may run on
   (``os.sched_getaffinity``), unless ``MINIVLLM_CPU_THREADS`` says otherwise.

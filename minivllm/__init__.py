@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 # How long idle OpenMP threads spin before sleeping.  libgomp's default (~300k spins)
-# made decode 5-30x slower when another process wanted the same cores; sleeping at once
+# made decode 2-30x slower when another process wanted the same cores; sleeping at once
 # (OMP_WAIT_POLICY=PASSIVE) made it 1.2-1.45x slower on an idle machine, since every
 # parallel region then waits for a futex wake-up.  A short spin keeps most of the speed
 # and costs ~1.2x under contention (`benchmarks/omp_wait.py`, README "Machine notes").  It must be set before

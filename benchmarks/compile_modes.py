@@ -121,6 +121,8 @@ def _worker(args: argparse.Namespace) -> None:
         optimization_level=args.level,
         max_num_seqs=max(args.batch_sizes),
         device=args.device,
+        skip_tokenizer_init=args.skip_tokenizer_init,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
     )
     engine = LLMEngine.from_engine_args(engine_args)
     startup = time.perf_counter() - t0
@@ -148,6 +150,10 @@ class Worker:
         cmd += [str(b) for b in args.batch_sizes]
         if args.model:
             cmd += ["--model", args.model]
+        if args.skip_tokenizer_init:
+            cmd.append("--skip-tokenizer-init")
+        if args.kv_cache_memory_bytes is not None:
+            cmd += ["--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
         # Inductor's own kernel cache moves along, so a cold start really compiles.
         inductor_dir = os.path.join(cache_root, "inductor")
         env = {
@@ -193,6 +199,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved decode rounds")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--skip-tokenizer-init",
+        action="store_true",
+        help="a model without tokenizer files (benchmarks/random_checkpoint.py writes one)",
+    )
+    parser.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        default=None,
+        help="KV cache size of each worker; on a GPU set it, since the workers share the "
+        "card and the first would otherwise take gpu_memory_utilization of it",
+    )
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-cache run")
     parser.add_argument(WORKER_FLAG, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--level", type=int, default=0, help=argparse.SUPPRESS)

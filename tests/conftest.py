@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,14 +19,31 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _has_cuda() -> bool:
     try:
         import torch
 
-        has_cuda = torch.cuda.is_available()
+        return torch.cuda.is_available()
     except ImportError:  # pragma: no cover
-        has_cuda = False
-    if has_cuda:
+        return False
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cpu_platform_outside_gpu_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    """On a machine with a GPU, test modules not marked ``gpu`` still run as on CI (CPU):
+    they build CPU tensors and expect the CPU platform's resolution.  Module-scoped, so
+    that the modules' own module-scoped fixtures (engines built once) run under it too."""
+    if request.node.get_closest_marker("gpu") is not None or not _has_cuda():
+        yield
+        return
+    from minivllm.platforms import CpuPlatform, override_platform
+
+    with override_platform(CpuPlatform()):
+        yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_cuda():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:

@@ -47,17 +47,25 @@ _loading_backend: list[Callable[[fx.GraphModule, list[Any]], Any]] = []
 
 
 def _dump_graph(gm: fx.GraphModule) -> bytes:
-    """Pickle ``gm``, keeping of its metadata only the inputs' example values."""
+    """Pickle ``gm``, keeping of its metadata only the inputs' example values.
+
+    ``gm`` itself is left as it was: Dynamo reads its placeholders' metadata (their
+    ``grapharg``) after the backend returns, unless it traces for an AOT save.
+    """
     from torch.fx._graph_pickler import GraphPickler, Options
 
-    for node in gm.graph.nodes:
-        keep = {}
-        if node.op == "placeholder":
-            keep = {k: node.meta[k] for k in ("example_value", "val") if k in node.meta}
-        node.meta.clear()
-        node.meta.update(keep)
-    gm.__dict__.pop("shape_env", None)
-    return GraphPickler.dumps(gm, Options(ops_filter=None))
+    saved = [(node, dict(node.meta)) for node in gm.graph.nodes]
+    shape_env = gm.__dict__.pop("shape_env", None)
+    try:
+        for node, meta in saved:
+            keep = ("example_value", "val") if node.op == "placeholder" else ()
+            node.meta = {k: meta[k] for k in keep if k in meta}
+        return GraphPickler.dumps(gm, Options(ops_filter=None))
+    finally:
+        for node, meta in saved:
+            node.meta = meta
+        if shape_env is not None:
+            gm.__dict__["shape_env"] = shape_env
 
 
 def _load_graph(data: bytes) -> tuple[fx.GraphModule, list[Any], Any]:

@@ -103,7 +103,19 @@ class ModelForward:
         self._fn = torch.compile(
             forward, backend=self.counting, fullgraph=True, dynamic=False, options=options or None
         )
+        if self._aot is not None and not hasattr(self._fn, "aot_compile"):
+            logger.info(
+                "torch %s has no AOT compile API: the Dynamo trace is not saved", torch.__version__
+            )
+            self._stop_aot()
         self._marked = False
+
+    def _stop_aot(self) -> None:
+        """Trace as usual from now on, with the plain backend and nothing saved."""
+        assert self.counting is not None
+        self.counting.backend = self.backend
+        self.counting.num_traces = 0
+        self._aot = None
 
     @property
     def is_compiled(self) -> bool:
@@ -148,9 +160,7 @@ class ModelForward:
             fn = self._fn.aot_compile(((input_ids, positions), {}))
         except Exception as exc:
             logger.warning("AOT compilation failed (%s); compiling without saving the trace", exc)
-            assert self.counting is not None
-            self.counting.num_traces = 0
-            self._aot = None
+            self._stop_aot()
             return None
         aot.save(fn)
         return fn

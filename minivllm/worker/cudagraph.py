@@ -90,10 +90,29 @@ class CudagraphDispatcher:
 
 
 class GraphPool:
-    """One CUDA memory pool shared by every captured graph of a model."""
+    """One CUDA memory pool, and one stream, shared by every captured graph of a model.
+
+    Warm-ups and captures all run on ``stream``: libraries such as cuBLAS set up
+    per-stream state (handles, workspaces) on their first call, which must not happen
+    while a graph is being captured (it fails with CUBLAS_STATUS_INTERNAL_ERROR).
+    """
 
     def __init__(self) -> None:
         self.handle = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream()
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` eagerly on the capture stream (a warm-up), ordered after prior work."""
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(self.stream)
+        return out
+
+    def capture(self, graph: Any, fn: Callable[[], Any]) -> Any:
+        """Capture ``fn()`` into ``graph`` on the capture stream; returns its output."""
+        with torch.cuda.graph(graph, pool=self.handle, stream=self.stream):
+            return fn()
 
 
 def _runtime_mode() -> tuple[CUDAGraphMode, int | None]:
@@ -153,14 +172,13 @@ class PiecewiseCudaGraphWrapper:
 
     def _capture(self, size: int, args: tuple[Any, ...]) -> Any:
         for _ in range(self.num_warmups):
-            self.runnable(*args)
+            self.pool.run(lambda: self.runnable(*args))
         static = None
         if self.copy_inputs:
             static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
             args = tuple(static)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool.handle):
-            output = self.runnable(*args)
+        output = self.pool.capture(graph, lambda: self.runnable(*args))
         self.graphs[size] = _Captured(graph, output, static)
         compilation_counter.num_cudagraph_captured += 1
         return output
@@ -183,10 +201,9 @@ class FullCudaGraphRunner:
 
     def capture(self, size: int, uniform: bool, num_warmups: int) -> None:
         for _ in range(num_warmups):
-            self.forward(size, uniform)
+            self.pool.run(lambda: self.forward(size, uniform))
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool.handle):
-            output = self.forward(size, uniform)
+        output = self.pool.capture(graph, lambda: self.forward(size, uniform))
         self.graphs[(size, uniform)] = _Captured(graph, output, None)
         compilation_counter.num_cudagraph_captured += 1
 

@@ -160,9 +160,14 @@ class ForwardRunner:
         )
         return elapsed
 
-    def _dummy_forward(self, n: int) -> torch.Tensor:
+    def _dummy_forward(self, n: int, at_position_zero: bool = False) -> torch.Tensor:
+        """A cache-less forward of ``n`` tokens; ``at_position_zero`` puts every token at
+        position 0, for ``n`` beyond max_model_len (the captures' sizes may be)."""
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        pos = torch.arange(n, dtype=torch.long, device=self.device)
+        if at_position_zero:
+            pos = torch.zeros(n, dtype=torch.long, device=self.device)
+        else:
+            pos = torch.arange(n, dtype=torch.long, device=self.device)
         with set_forward_context(None, self.attn_layers):
             return self.model_forward(ids, pos)
 
@@ -175,6 +180,11 @@ class ForwardRunner:
         warmups = self.compilation_config.cudagraph_num_of_warmups
         free_before = torch.cuda.mem_get_info(self.device)[0]
         start = timer()
+        # One eager run on the capture stream first, whatever cudagraph_num_of_warmups
+        # says: -O0 has had no forward at all yet, and the first GEMM on a stream sets up
+        # cuBLAS state that cannot be created inside a capture.
+        largest = max(size for _, size, _ in plan)
+        self._pool.run(lambda: self._dummy_forward(largest, at_position_zero=True))
         for w in self._piece_wrappers:
             w.capturing = True
         try:

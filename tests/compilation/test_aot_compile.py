@@ -10,11 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from compile_helpers import greedy_tokens, make_llm, start
 
 from minivllm.compilation.aot import AOT_FILE, SOURCES_FILE
 
 INDUCTOR = {"mode": "VLLM_COMPILE", "backend": "inductor"}
+
+needs_aot_api = pytest.mark.skipif(
+    not hasattr(torch.compile(lambda: None), "aot_compile"),
+    reason=f"torch {torch.__version__} has no AOT compile API (torch.compile(...).aot_compile)",
+)
+"""For the tests of saving and loading: a torch without the API never saves a trace."""
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +46,7 @@ def copy_root(first: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyP
     return root / first["cache_dir"].relative_to(first["root"])
 
 
+@needs_aot_api
 def test_first_start_traces_and_saves_the_trace(first_start: dict[str, Any]) -> None:
     counts = first_start["counts"]
     assert counts["num_dynamo_traces"] == 1 and counts["num_aot_saves"] == 1
@@ -49,6 +57,7 @@ def test_first_start_traces_and_saves_the_trace(first_start: dict[str, Any]) -> 
     assert first_start["tokens"] == first_start["eager"]
 
 
+@needs_aot_api
 def test_second_start_loads_the_trace_and_compiles_nothing(
     one_layer_llama: Path, first_start: dict[str, Any], tmp_path: Path, monkeypatch: Any
 ) -> None:
@@ -60,6 +69,7 @@ def test_second_start_loads_the_trace_and_compiles_nothing(
     assert greedy_tokens(llm) == first_start["eager"]
 
 
+@needs_aot_api
 def test_changed_source_traces_again(
     one_layer_llama: Path, first_start: dict[str, Any], tmp_path: Path, monkeypatch: Any
 ) -> None:
@@ -76,6 +86,7 @@ def test_changed_source_traces_again(
     assert greedy_tokens(llm) == first_start["eager"]
 
 
+@needs_aot_api
 def test_unreadable_trace_is_a_miss(
     one_layer_llama: Path,
     first_start: dict[str, Any],
@@ -92,6 +103,7 @@ def test_unreadable_trace_is_a_miss(
     assert greedy_tokens(llm) == first_start["eager"]
 
 
+@needs_aot_api
 @pytest.mark.parametrize(
     ("env", "extra"),
     [("0", {}), ("1", {"dynamic_shapes_config": {"evaluate_guards": True}})],
@@ -118,6 +130,7 @@ def test_aot_can_be_turned_off(
     assert greedy_tokens(llm) == first_start["eager"]
 
 
+@needs_aot_api
 def test_pieces_missing_from_the_cache_are_compiled_and_saved_on_load(
     one_layer_llama: Path, first_start: dict[str, Any], tmp_path: Path, monkeypatch: Any
 ) -> None:
@@ -135,6 +148,7 @@ def test_pieces_missing_from_the_cache_are_compiled_and_saved_on_load(
     assert again.get("num_backend_compilations", 0) == 0 and again["num_cache_loads"] == 2
 
 
+@needs_aot_api
 def test_compile_sizes_are_cached_with_a_loaded_trace(
     one_layer_llama: Path, first_start: dict[str, Any], tmp_path: Path, monkeypatch: Any
 ) -> None:
@@ -147,4 +161,54 @@ def test_compile_sizes_are_cached_with_a_loaded_trace(
     llm, second, _ = start(one_layer_llama, compilation_config=sized)
     assert second.get("num_dynamo_traces", 0) == 0 and second["num_aot_loads"] == 1
     assert second.get("num_backend_compilations", 0) == 0 and second["num_cache_loads"] == 4
+    assert greedy_tokens(llm) == first_start["eager"]
+
+
+def _compile_without_aot_api(real_compile: Any) -> Any:
+    """torch.compile as in a torch release without the AOT API (no ``aot_compile``)."""
+
+    def compile_(fn: Any, **kwargs: Any) -> Any:
+        compiled = real_compile(fn, **kwargs)
+        return lambda *args, **kw: compiled(*args, **kw)
+
+    return compile_
+
+
+def _compile_whose_aot_fails(real_compile: Any) -> Any:
+    """torch.compile whose ``aot_compile`` raises (a graph Dynamo cannot save)."""
+
+    def compile_(fn: Any, **kwargs: Any) -> Any:
+        compiled = real_compile(fn, **kwargs)
+
+        def call(*args: Any, **kw: Any) -> Any:
+            return compiled(*args, **kw)
+
+        def aot_compile(*args: Any, **kw: Any) -> Any:
+            raise RuntimeError("cannot AOT-compile this graph")
+
+        call.aot_compile = aot_compile  # type: ignore[attr-defined]
+        return call
+
+    return compile_
+
+
+@pytest.mark.parametrize("torch_compile", [_compile_without_aot_api, _compile_whose_aot_fails])
+def test_without_aot_the_forward_traces_as_usual(
+    one_layer_llama: Path,
+    first_start: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: Any,
+    torch_compile: Any,
+) -> None:
+    """Found on a torch without the AOT API: the fallback trace must not see a graph
+    whose metadata the AOT save stripped (Dynamo failed with KeyError 'grapharg')."""
+    import torch
+
+    from minivllm.compilation import wrapper
+
+    monkeypatch.setenv("MINIVLLM_CACHE_ROOT", str(tmp_path / "root"))
+    monkeypatch.setattr(wrapper.torch, "compile", torch_compile(torch.compile))
+    llm, counts, _ = start(one_layer_llama, compilation_config=INDUCTOR)
+    assert counts["num_dynamo_traces"] == 1
+    assert counts.get("num_aot_saves", 0) == 0 and counts.get("num_aot_loads", 0) == 0
     assert greedy_tokens(llm) == first_start["eager"]

@@ -41,7 +41,8 @@ def _write_kv_kernel(
     block = safe_slot // BLOCK_SIZE
     offset = safe_slot % BLOCK_SIZE
     d = tl.arange(0, HEAD_DIM_P2)
-    mask = (d < HEAD_DIM) & valid
+    # Padding tokens (slot -1) load and store nothing: their row length is 0.
+    mask = d < tl.where(valid, HEAD_DIM, 0)
     k = tl.load(k_ptr + tok * stride_kt + head * stride_kh + d, mask=mask, other=0.0)
     v = tl.load(v_ptr + tok * stride_vt + head * stride_vh + d, mask=mask, other=0.0)
     if IS_FP8:

@@ -35,6 +35,7 @@ from minivllm.config.reasoning import ReasoningConfig
 from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.structured_outputs import StructuredOutputsConfig
 from minivllm.config.utils import UnsupportedFeature, non_default_fields
+from minivllm.config.vllm import VllmConfig
 from minivllm.config.watermark import WatermarkConfig
 from minivllm.config.weight_transfer import WeightTransferConfig
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
@@ -145,6 +146,14 @@ def test_kernel_config() -> None:
 
 def test_observability_config() -> None:
     assert ObservabilityConfig().per_request_spec_decode_metrics == "none"
+    # vLLM's values parse; without speculative decoding only "none" resolves.
+    for value in ("summary", "detailed"):
+        metrics = ObservabilityConfig(per_request_spec_decode_metrics=value)
+        assert metrics.per_request_spec_decode_metrics == value
+        with pytest.raises(ValueError, match="needs speculative decoding"):
+            VllmConfig(observability_config=metrics)
+    with pytest.raises(ValueError, match="detailed"):
+        ObservabilityConfig(per_request_spec_decode_metrics="full")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="OpenTelemetry"):
         ObservabilityConfig(otlp_traces_endpoint="http://x")
     with pytest.raises(ValueError, match="kv_cache_metrics_sample"):

@@ -464,3 +464,43 @@ def test_legacy_cc_key_marks_the_translated_field_as_user() -> None:
         cfg = real_args(["-cc.level=0"]).create_engine_config()
     assert cfg.compilation_config.mode is CompilationMode.NONE
     assert cfg.explain()["compilation_config.mode"]["source"] == "user"
+
+
+def test_prefix_caching_is_decided_per_model_when_unset() -> None:
+    from minivllm.engine.arg_utils import EngineArgs
+
+    # As in vLLM: None until the config is built, then per model (on for minivllm's).
+    assert EngineArgs().enable_prefix_caching is None
+    assert real_args([]).enable_prefix_caching is None
+    assert real_args(["--enable-prefix-caching"]).enable_prefix_caching is True
+    assert real_args(["--no-enable-prefix-caching"]).enable_prefix_caching is False
+    unset = EngineArgs()
+    assert "cache_config.enable_prefix_caching" not in unset.user_set_paths()
+    assert unset.create_engine_config().cache_config.enable_prefix_caching is True
+    off = EngineArgs(enable_prefix_caching=False).create_engine_config()
+    assert off.cache_config.enable_prefix_caching is False
+    assert off.explain()["cache_config.enable_prefix_caching"]["source"] == "user"
+
+
+def test_unset_batch_limits_adapt_to_the_users_values() -> None:
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.platforms import CpuPlatform, override_platform
+
+    with override_platform(CpuPlatform()):
+        # max_num_seqs left unset is capped at the user's token budget ...
+        sched = EngineArgs(max_num_batched_tokens=64).create_engine_config().scheduler_config
+        assert (sched.max_num_seqs, sched.max_num_batched_tokens) == (64, 64)
+        sched = real_args(["--max-num-batched-tokens", "64"]).create_engine_config()
+        assert sched.scheduler_config.max_num_seqs == 64
+        # ... a default budget at max_num_seqs * max_model_len ...
+        sched = EngineArgs(max_model_len=8).create_engine_config().scheduler_config
+        assert (sched.max_num_seqs, sched.max_num_batched_tokens) == (128, 1024)
+        # ... and raised to max_model_len without chunked prefill.
+        unchunked = EngineArgs(max_model_len=4096, enable_chunked_prefill=False)
+        assert unchunked.create_engine_config().scheduler_config.max_num_batched_tokens == 4096
+        # Two values the user set both still conflict.
+        both = EngineArgs(max_num_batched_tokens=64, max_num_seqs=128)
+        with pytest.raises(
+            ValueError, match=r"max_num_batched_tokens \(64\).*max_num_seqs \(128\)"
+        ):
+            both.create_engine_config()

@@ -91,6 +91,15 @@ class EngineArgs(EngineArgsBase):
     `create_engine_config() -> VllmConfig` and `user_set_paths()`.
     """
 
+    enable_prefix_caching: bool | None = None
+    """Reuse KV blocks of identical prompt prefixes across requests. None (as in vLLM):
+    decided per model when the config is built (on for every model minivllm runs)."""
+
+    def _resolve_unset(self, attr: str, kwargs: dict[str, Any], built: dict[str, Any]) -> None:
+        if attr == "cache_config" and kwargs.get("enable_prefix_caching") is None:
+            model = built["model_config"]
+            kwargs["enable_prefix_caching"] = model.is_prefix_caching_supported
+
     def _build_root(self, kwargs: dict[str, Any], user_paths: set[str]) -> VllmConfig:
         return self._build(VllmConfig, {**kwargs, "user_set_paths": frozenset(user_paths)}, "")
 

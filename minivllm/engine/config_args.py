@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
@@ -110,6 +111,13 @@ def build_specs(
     return specs, shared
 
 
+def _own_spec(spec: ArgSpec, annotation: Any, f: dataclasses.Field[Any]) -> ArgSpec:
+    """``spec`` with the type and default of the engine-arguments field declared by hand."""
+    factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
+    own = ConfigField(spec.field.name, annotation, f.default, factory)
+    return dataclasses.replace(spec, field=own)
+
+
 def engine_args_class(
     root_cls: type, targets: list[ConfigTarget], aliases: dict[str, list[str]] | None = None
 ) -> Callable[[type[E]], type[E]]:
@@ -119,6 +127,7 @@ def engine_args_class(
         specs, shared = build_specs(targets)
         annotations = cls.__dict__.get("__annotations__", {})
         cls.__annotations__ = annotations
+        by_hand = [s for s in specs if s.arg_name in annotations]
         for spec in specs:
             if spec.arg_name in annotations:
                 continue  # declared by hand in the class body
@@ -130,12 +139,23 @@ def engine_args_class(
                 setattr(cls, spec.arg_name, dataclasses.field(default_factory=dict))
             else:
                 setattr(cls, spec.arg_name, None if f.default is dataclasses.MISSING else f.default)
-        cls._root_cls = root_cls
-        cls._targets = tuple(targets)
-        cls._specs = tuple(specs)
-        cls._shared = shared
-        cls._aliases = dict(aliases or {})
-        return dataclasses.dataclass(cls)
+        out = dataclasses.dataclass(cls)
+        if by_hand:
+            # A field declared by hand keeps its own type and default (flags and
+            # "did the user set it" follow them), e.g. a None that means "per model".
+            hints = typing.get_type_hints(out)
+            fields = {f.name: f for f in dataclasses.fields(out)}
+            own = {s.arg_name: s for s in by_hand}
+            specs = [
+                _own_spec(s, hints[s.arg_name], fields[s.arg_name]) if s.arg_name in own else s
+                for s in specs
+            ]
+        out._root_cls = root_cls
+        out._targets = tuple(targets)
+        out._specs = tuple(specs)
+        out._shared = shared
+        out._aliases = dict(aliases or {})
+        return out
 
     return wrap
 
@@ -315,6 +335,7 @@ class EngineArgsBase:
             for name, (source, attribute) in target.derived.items():
                 if hasattr(built.get(source), attribute):
                     kwargs[name] = getattr(built[source], attribute)
+            self._resolve_unset(target.attr, kwargs, built)
             built[target.attr] = self._build(target.cls, kwargs, target.attr)
         user_paths = self.user_set_paths()
         given = self.user_set_args()
@@ -330,6 +351,10 @@ class EngineArgsBase:
                 # fields an old spelling was translated into (``level`` -> ``mode``).
                 user_paths |= _leaf_paths(spec.path, nested, spec.nested_cls)
         return self._build_root(built, user_paths)
+
+    def _resolve_unset(self, attr: str, kwargs: dict[str, Any], built: dict[str, Any]) -> None:
+        """Fill the ``kwargs`` of config ``attr`` that the arguments leave to be decided
+        (None) from the configs ``built`` so far; subclasses say which."""
 
     def _build_root(self, kwargs: dict[str, Any], user_paths: set[str]) -> Any:
         """Construct the root config; subclasses adapt how user-set paths are handed over."""

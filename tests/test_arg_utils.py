@@ -504,3 +504,102 @@ def test_unset_batch_limits_adapt_to_the_users_values() -> None:
             ValueError, match=r"max_num_batched_tokens \(64\).*max_num_seqs \(128\)"
         ):
             both.create_engine_config()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1k", 1000),
+        ("1K", 1024),
+        ("1m", 1_000_000),
+        ("1M", 2**20),
+        ("25.6k", 25_600),
+        ("1.5k", 1500),
+        ("2g", 2 * 10**9),
+        ("2G", 2 * 2**30),
+        ("4096", 4096),
+        (" 8k ", 8000),
+    ],
+)
+def test_human_readable_int(value: str, expected: int) -> None:
+    from minivllm.utils.argparse_utils import human_readable_int
+
+    assert human_readable_int(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--max-model-len", "1k"], 1000),
+        (["--max-model-len", "1K"], 1024),
+        (["--max-model-len", "1m"], 1_000_000),
+        (["--max-model-len", "1M"], 2**20),
+        (["--max-model-len", "1.5k"], 1500),
+        (["--max-model-len", "auto"], -1),
+        (["--max-model-len", "AUTO"], -1),
+        (["--max-model-len", "-1"], -1),
+        (["--max-model-len=2048"], 2048),
+    ],
+)
+def test_max_model_len_takes_sizes_and_auto(argv: list[str], expected: int) -> None:
+    assert real_args(argv).max_model_len == expected
+
+
+def test_size_flags_are_the_ones_vllm_has() -> None:
+    args = real_args(
+        [
+            "--max-num-batched-tokens",
+            "8k",
+            "--kv-cache-memory-bytes",
+            "2G",
+            "-cc.max_cudagraph_capture_size=1K",
+        ]
+    )
+    assert args.max_num_batched_tokens == 8000
+    assert args.kv_cache_memory_bytes == 2 * 2**30
+    # Sizes in dotted keys too, as vLLM's parser reads them.
+    assert args.user_set_paths() >= {"compilation_config.max_cudagraph_capture_size"}
+    max_size = args.compilation_config
+    max_size = (
+        max_size["max_cudagraph_capture_size"]
+        if isinstance(max_size, dict)
+        else (max_size.max_cudagraph_capture_size)
+    )
+    assert max_size == 1024
+
+
+def test_auto_max_model_len_is_the_models_own() -> None:
+    cfg = real_args(["--max-model-len", "auto"]).create_engine_config()
+    default = real_args([]).create_engine_config()
+    assert cfg.model_config.max_model_len == default.model_config.max_model_len > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--max-model-len", "1.5K"], "did you mean 1.5k"),
+        (["--max-model-len", "lots"], "--max-model-len: invalid integer 'lots'"),
+        (["--max-num-batched-tokens", "8q"], "--max-num-batched-tokens: invalid integer '8q'"),
+        (["--max-num-batched-tokens", "auto"], "invalid integer 'auto'"),
+        (["--max-num-seqs", "1k"], "--max-num-seqs: invalid int value"),  # plain int, as in vLLM
+    ],
+)
+def test_bad_sizes_exit_2_with_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        real_parser().parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+
+
+def test_flexible_argument_parser_importable_where_vllm_users_look() -> None:
+    import minivllm.utils
+    import minivllm.utils.argparse_utils
+
+    assert minivllm.utils.FlexibleArgumentParser is FlexibleArgumentParser
+    assert minivllm.utils.argparse_utils.FlexibleArgumentParser is FlexibleArgumentParser
+    from minivllm.engine.arg_utils import FlexibleArgumentParser as from_arg_utils
+
+    assert from_arg_utils is FlexibleArgumentParser

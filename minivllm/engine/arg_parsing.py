@@ -14,9 +14,11 @@ import dataclasses
 import difflib
 import enum
 import json
+import re
 import types
 import typing
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -98,12 +100,66 @@ def is_config_class(tp: Any) -> bool:
 # --------------------------------------------------------------------------
 # Value parsers (argparse `type=` callables with helpful errors)
 # --------------------------------------------------------------------------
+_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+"""A number with a size suffix: ``8k``, ``1.5m``, ``2G``."""
+_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(text: str) -> int:
+    """An integer, optionally with a size suffix, as vLLM takes it.
+
+    Lower-case suffixes are decimal and take decimals (``1k`` = 1000,
+    ``25.6k`` = 25600, ``1m`` = 10**6); upper-case ones are binary and take whole
+    numbers only (``1K`` = 1024, ``1M`` = 2**20); ``g``/``G`` and ``t``/``T`` too.
+    """
+    value = text.strip()
+    match = _SUFFIXED.fullmatch(value)
+    if match is None:
+        try:
+            return int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid integer {text!r}; use e.g. 2048, 8k (8000) or 8K (8192)"
+            ) from None
+    number, suffix = match.groups()
+    if suffix in _DECIMAL_SUFFIXES:
+        return int(Decimal(number) * _DECIMAL_SUFFIXES[suffix])
+    if "." in number:
+        raise argparse.ArgumentTypeError(
+            f"invalid integer {text!r}: binary suffixes such as {suffix} take whole numbers; "
+            f"did you mean {number}{suffix.lower()}?"
+        )
+    return int(number) * _BINARY_SUFFIXES[suffix]
+
+
+def human_readable_int_or_auto(text: str) -> int:
+    """`human_readable_int`, or -1 ("the model's own limit") for ``auto`` or ``-1``."""
+    if text.strip().lower() in ("auto", "-1"):
+        return -1
+    return human_readable_int(text)
+
+
+HUMAN_READABLE_HELP = (
+    " Accepts size suffixes: 1k = 1000, 1m = 10^6 (decimals allowed, e.g. 25.6k), "
+    "1K = 1024, 1M = 2^20."
+)
+"""Appended to the help of flags parsed with `human_readable_int`."""
+
+
 def parse_json_or_str(text: str) -> Any:
-    """JSON when ``text`` parses as JSON, else the string itself (``-cc.mode=VLLM_COMPILE``)."""
+    """JSON when ``text`` parses as JSON, then a size such as ``8k`` (as vLLM's dotted
+    flags do), else the string itself (``-cc.mode=VLLM_COMPILE``)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return text
+        pass
+    if _SUFFIXED.fullmatch(text.strip()):
+        try:
+            return human_readable_int(text)
+        except argparse.ArgumentTypeError:
+            pass
+    return text
 
 
 def parse_json_object(text: str) -> dict[str, Any]:
@@ -309,11 +365,18 @@ def add_field_argument(
     annotation: Any,
     default: Any,
     doc: str,
+    parse: Callable[[str], Any] | None = None,
 ) -> bool:
-    """Register one field as a tracked flag; False when its type has no CLI form."""
+    """Register one field as a tracked flag; False when its type has no CLI form.
+
+    ``parse`` replaces the value parser of a scalar flag (``human_readable_int``)."""
     kwargs = argparse_kwargs(annotation)
     if kwargs is None:
         return False
+    if parse is not None and "nargs" not in kwargs and kwargs.get("type") in (int, str):
+        kwargs["type"] = parse
+        if parse in (human_readable_int, human_readable_int_or_auto):
+            doc += HUMAN_READABLE_HELP
     action = kwargs.pop("action", "store")
     if isinstance(action, str):
         registry = parser._registries["action"]  # the registered class for "store"

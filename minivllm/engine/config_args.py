@@ -119,9 +119,15 @@ def _own_spec(spec: ArgSpec, annotation: Any, f: dataclasses.Field[Any]) -> ArgS
 
 
 def engine_args_class(
-    root_cls: type, targets: list[ConfigTarget], aliases: dict[str, list[str]] | None = None
+    root_cls: type,
+    targets: list[ConfigTarget],
+    aliases: dict[str, list[str]] | None = None,
+    parsers: dict[str, Callable[[str], Any]] | None = None,
 ) -> Callable[[type[E]], type[E]]:
-    """Class decorator: add the config fields of ``targets`` and make a dataclass."""
+    """Class decorator: add the config fields of ``targets`` and make a dataclass.
+
+    ``aliases`` gives arguments short flags (``-O``); ``parsers`` replaces the value
+    parser of scalar arguments (``max_model_len``: ``1k``, ``auto``)."""
 
     def wrap(cls: type[E]) -> type[E]:
         specs, shared = build_specs(targets)
@@ -155,6 +161,7 @@ def engine_args_class(
         out._specs = tuple(specs)
         out._shared = shared
         out._aliases = dict(aliases or {})
+        out._parsers = dict(parsers or {})
         return out
 
     return wrap
@@ -189,6 +196,7 @@ class EngineArgsBase:
     _specs: ClassVar[tuple[ArgSpec, ...]]
     _shared: ClassVar[dict[str, list[tuple[str, ArgSpec]]]]
     _aliases: ClassVar[dict[str, list[str]]]
+    _parsers: ClassVar[dict[str, Callable[[str], Any]]]
 
     # -- command line ---------------------------------------------------------
     @classmethod
@@ -209,6 +217,7 @@ class EngineArgsBase:
                 spec.field.annotation,
                 spec.field.make_default(),
                 spec.doc,
+                cls._parsers.get(spec.arg_name),
             )
         return parser
 

@@ -181,3 +181,12 @@ def test_bad_values_exit_2_with_one_line(
 def test_no_command_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run_main(capsys)
     assert status == 2 and err.count("\n") == 1 and "COMMAND" in err
+
+
+def test_explain_marks_json_and_dotted_config_keys_as_user(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    explained = explain_json(capsys, "-O1", "-cc", '{"backend": "inductor"}', "-cc.mode=3")
+    assert explained["optimization_level"] == {"value": "O1", "source": "user"}
+    assert explained["compilation_config.backend"] == {"value": "inductor", "source": "user"}
+    assert explained["compilation_config.mode"] == {"value": "VLLM_COMPILE", "source": "user"}

@@ -24,6 +24,9 @@ from typing import Any, Literal
 
 EXPLICIT_ATTR = "_explicit_args"
 """Namespace attribute holding the dests of flags the user actually gave."""
+PIECES_ATTR = "_json_pieces"
+"""Namespace attribute holding, per config-valued flag, the merged keys the user gave
+(the flag's value itself is the config built from them)."""
 
 
 # --------------------------------------------------------------------------
@@ -304,6 +307,40 @@ class MergeJsonAction(argparse.Action):
         current = getattr(namespace, self.dest, None)
         merged = deep_merge(current if isinstance(current, dict) else {}, values)
         setattr(namespace, self.dest, merged)
+
+    def build(self, merged: dict[str, Any]) -> Any:
+        """The config of the merged keys (``config_cls`` set); errors name the key's flag."""
+        assert self.config_cls is not None
+        try:
+            return self.config_cls(**merged)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            short = min(self.option_strings, key=len)
+
+            def flag_for(loc: tuple[Any, ...]) -> str:
+                return ".".join([short, *map(str, loc)])
+
+            message = reduce_error(exc, flag_for)
+            # A message that names its key's flag stands alone; others get the flag.
+            named = message.startswith(short + ".")
+            raise argparse.ArgumentError(None if named else self, message) from None
+
+
+def build_config_flags(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> None:
+    """Turn the merged keys of every config-valued flag into its config object, as vLLM's
+    parser does (``args.compilation_config.mode``); a flag not given gets the defaults.
+    The keys stay in ``PIECES_ATTR`` so the engine can tell what the user set."""
+    pieces = dict(getattr(namespace, PIECES_ATTR, {}))
+    for action in parser._actions:
+        if not isinstance(action, MergeJsonAction) or action.config_cls is None:
+            continue
+        value = getattr(namespace, action.dest, None)
+        if isinstance(value, dict):
+            pieces[action.dest] = value
+            setattr(namespace, action.dest, action.build(value))
+        elif value is None:
+            setattr(namespace, action.dest, action.config_cls())
+    if pieces:
+        setattr(namespace, PIECES_ATTR, pieces)
 
 
 # --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ paths the user set (for ``minivllm config --explain``).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import re
 import typing
@@ -20,6 +21,7 @@ from typing import Any, ClassVar, TypeVar
 from minivllm.config.utils import field_docs
 from minivllm.engine.arg_parsing import (
     EXPLICIT_ATTR,
+    PIECES_ATTR,
     ConfigField,
     add_field_argument,
     config_fields,
@@ -139,10 +141,11 @@ def engine_args_class(
                 continue  # declared by hand in the class body
             annotations[spec.arg_name] = spec.field.annotation
             f = spec.field
-            if f.default_factory is not None:
+            if spec.nested_cls is not None:
+                # None becomes the default config in __post_init__ (so it is known as such).
+                setattr(cls, spec.arg_name, None)
+            elif f.default_factory is not None:
                 setattr(cls, spec.arg_name, dataclasses.field(default_factory=f.default_factory))
-            elif spec.nested_cls is not None:
-                setattr(cls, spec.arg_name, dataclasses.field(default_factory=dict))
             else:
                 setattr(cls, spec.arg_name, None if f.default is dataclasses.MISSING else f.default)
         out = dataclasses.dataclass(cls)
@@ -198,6 +201,22 @@ class EngineArgsBase:
     _aliases: ClassVar[dict[str, list[str]]]
     _parsers: ClassVar[dict[str, Callable[[str], Any]]]
 
+    def __post_init__(self) -> None:
+        # A config-valued argument is always a config object, as in vLLM: None gives the
+        # defaults, a dict its keys (kept, so the engine knows which the user set).
+        self._nested_defaults: dict[str, Any] = {}
+        self._nested_pieces: dict[str, dict[str, Any]] = {}
+        for spec in self._specs:
+            value = getattr(self, spec.arg_name)
+            if spec.nested_cls is None or not (value is None or isinstance(value, dict)):
+                continue
+            if value is None:
+                value = self._nested_defaults[spec.arg_name] = spec.nested_cls()
+            else:
+                self._nested_pieces[spec.arg_name] = value
+                value = self._build(spec.nested_cls, value, spec.path)
+            setattr(self, spec.arg_name, value)
+
     # -- command line ---------------------------------------------------------
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -231,8 +250,11 @@ class EngineArgsBase:
             if value is not None:
                 kwargs[spec.arg_name] = value
         engine_args = cls(**kwargs)
+        names = {s.arg_name for s in cls._specs}
         explicit = set(getattr(args, EXPLICIT_ATTR, ()))
-        engine_args._cli_explicit = explicit & {s.arg_name for s in cls._specs}  # type: ignore[attr-defined]
+        engine_args._cli_explicit = explicit & names  # type: ignore[attr-defined]
+        pieces = getattr(args, PIECES_ATTR, {})
+        engine_args._nested_pieces.update({k: v for k, v in pieces.items() if k in names})
         return engine_args
 
     # -- user-set tracking ----------------------------------------------------
@@ -246,11 +268,14 @@ class EngineArgsBase:
 
     def user_set_args(self) -> set[str]:
         """Argument names given on the command line or changed from their defaults."""
-        names = set(getattr(self, "_cli_explicit", ()))
+        names = set(getattr(self, "_cli_explicit", ())) | set(self._nested_pieces)
         for spec in self._specs:
             value = getattr(self, spec.arg_name)
-            default = spec.field.make_default() if not spec.nested_cls else {}
-            if value != default and not (spec.nested_cls and value is None):
+            if spec.nested_cls is not None:
+                # A config object counts once it is not the default made in __post_init__.
+                if value is not None and value is not self._nested_defaults.get(spec.arg_name):
+                    names.add(spec.arg_name)
+            elif value != spec.field.make_default():
                 names.add(spec.arg_name)
         return names
 
@@ -261,6 +286,8 @@ class EngineArgsBase:
         for name in self.user_set_args():
             spec = by_name[name]
             if spec.nested_cls is not None:
+                if name in self._nested_pieces:
+                    paths |= _leaf_paths(spec.path, self._nested_pieces[name], spec.nested_cls)
                 paths |= _leaf_paths(spec.path, getattr(self, name), spec.nested_cls)
                 continue
             paths.add(spec.path)
@@ -321,12 +348,17 @@ class EngineArgsBase:
             raise ValueError(message) from None
 
     def _nested_value(self, spec: ArgSpec) -> Any:
+        """A fresh config for the root: rebuilt from the user's keys when known (so it
+        is resolved on the platform in force now), else a copy of the given object."""
         value = getattr(self, spec.arg_name)
-        if value is None:  # "not given": the nested config's defaults
-            value = {}
+        pieces = self._nested_pieces.get(spec.arg_name)
+        if value is None or value is self._nested_defaults.get(spec.arg_name):
+            pieces = {}
+        if pieces is not None:
+            return self._build(spec.nested_cls, pieces, spec.path)  # type: ignore[arg-type]
         if isinstance(value, dict):
             return self._build(spec.nested_cls, value, spec.path)  # type: ignore[arg-type]
-        return value
+        return copy.deepcopy(value)  # resolution must not change the caller's object
 
     def create_engine_config(self) -> Any:
         """Build every config, then the root config, recording the user-set paths."""

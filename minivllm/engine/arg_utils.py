@@ -30,7 +30,7 @@ from minivllm.config.model import ModelConfig
 from minivllm.config.parallel import ParallelConfig
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.vllm import VllmConfig
-from minivllm.engine.arg_parsing import human_readable_int, human_readable_int_or_auto
+from minivllm.engine.arg_sizes import human_readable_int, human_readable_int_or_auto
 from minivllm.engine.cli_parser import FlexibleArgumentParser
 from minivllm.engine.config_args import ConfigTarget, EngineArgsBase, engine_args_class
 

@@ -190,3 +190,23 @@ def test_explain_marks_json_and_dotted_config_keys_as_user(
     assert explained["optimization_level"] == {"value": "O1", "source": "user"}
     assert explained["compilation_config.backend"] == {"value": "inductor", "source": "user"}
     assert explained["compilation_config.mode"] == {"value": "VLLM_COMPILE", "source": "user"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["-ac.backend=FLASH_ATTN"], "'FLASH_ATTN' is not available in minivllm"),
+        (["--platform", "cpu", "-ac.backend=TRITON_ATTN"], "on this platform: CPU_SDPA"),
+    ],
+)
+def test_attention_backend_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    status, out, err = run_main(capsys, "config", *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and needle in err, err
+
+
+def test_attention_backend_by_vllm_name(capsys: pytest.CaptureFixture[str]) -> None:
+    explained = explain_json(capsys, "--platform", "cuda:9.0", "-ac.backend=TRITON_ATTN")
+    assert explained["attention_config.backend"] == {"value": "TRITON_PAGED", "source": "user"}

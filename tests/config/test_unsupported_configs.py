@@ -121,12 +121,13 @@ def test_speculative_predicates_and_kv_transfer_properties() -> None:
 
 # -- supported small configs -----------------------------------------------------
 def test_attention_config() -> None:
-    assert AttentionConfig(backend="torch_sdpa").backend == "TORCH_SDPA"
+    assert AttentionConfig(backend="torch_sdpa").backend == "CPU_SDPA"  # vLLM's name
     with pytest.raises(ValueError, match="flash_attn_version"):
         AttentionConfig(flash_attn_version=3)
     with pytest.raises(ValueError, match="HiSparse"):
         AttentionConfig(hisparse_config=HiSparseConfig())
-    assert AttentionConfig(backend="X").compute_hash() != AttentionConfig().compute_hash()
+    sdpa = AttentionConfig(backend="CPU_SDPA")
+    assert sdpa.compute_hash() != AttentionConfig().compute_hash()
 
 
 def test_kernel_config() -> None:

@@ -210,3 +210,24 @@ def test_attention_backend_refused_in_one_line(
 def test_attention_backend_by_vllm_name(capsys: pytest.CaptureFixture[str]) -> None:
     explained = explain_json(capsys, "--platform", "cuda:9.0", "-ac.backend=TRITON_ATTN")
     assert explained["attention_config.backend"] == {"value": "TRITON_PAGED", "source": "user"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--nnodes", "2"], "not supported by minivllm yet: nnodes=2 (multi-node inference"),
+        (["--master-port", "1234"], "master_port=1234"),
+        (["--node-rank=1"], "node_rank=1"),
+    ],
+)
+def test_vllm_parallel_flags_minivllm_refuses(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    status, out, err = run_main(capsys, "config", *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and needle in err, err
+
+
+def test_vllm_parallel_flags_at_their_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    explained = explain_json(capsys, "--nnodes", "1", "--master-addr", "127.0.0.1")
+    assert explained["parallel_config.nnodes"] == {"value": 1, "source": "user"}

@@ -215,3 +215,12 @@ def default_model_config():
     from minivllm.config.model import ModelConfig
 
     return ModelConfig()
+
+
+def test_unknown_field_of_a_refused_subsystem_gets_the_refusal() -> None:
+    # A field of a newer vLLM: the feature is refused whatever its fields.
+    with pytest.raises(ValueError) as exc:
+        LoRAConfig(some_newer_vllm_field=1)  # type: ignore[call-arg]
+    assert "LoRA (lora_config) is not supported by minivllm" in str(exc.value)
+    assert "some_newer_vllm_field=1" in str(exc.value)
+    assert "Unexpected keyword argument" not in str(exc.value)

@@ -227,21 +227,22 @@ def test_compilation_config_forms_merge_in_order() -> None:
             "[1, 2, 4]",
             "-cc.pass_config.fuse_norm_quant=true",
             "--compilation_config.backend=inductor",
-            "-cc.cudagraph_mode=PIECEWISE",
+            "-cc.cudagraph_mode=1",
         ]
     )
-    assert args.compilation_config == {
-        "mode": 3,
-        "backend": "inductor",
-        "cudagraph_capture_sizes": [1, 2, 4],
-        "pass_config": {"fuse_norm_quant": True},
-        "cudagraph_mode": "PIECEWISE",
-    }
+    # The pieces merge in order into one config object (vLLM's parsed value).
+    assert args.compilation_config == StubCompilation(
+        mode=3,
+        backend="inductor",
+        cudagraph_capture_sizes=[1, 2, 4],
+        pass_config=StubPass(fuse_norm_quant=True),
+        cudagraph_mode=StubGraphMode.PIECEWISE,
+    )
 
 
 def test_later_json_merges_over_earlier_dotted() -> None:
     args = parse(["-cc.mode=3", "-cc.backend=eager", "--compilation-config", '{"mode": 0}'])
-    assert args.compilation_config == {"mode": 0, "backend": "eager"}
+    assert args.compilation_config == StubCompilation(mode=0, backend="eager")
 
 
 def test_user_set_paths() -> None:
@@ -292,7 +293,7 @@ def test_config_file_keys_and_precedence(tmp_path: Path) -> None:
     assert args.block_size == 8 and args.enforce_eager is True
     assert args.enable_prefix_caching is False and args.stop_ids == [5, 6]
     assert args.max_num_seqs == 9  # the explicit flag wins even when given before --config
-    assert args.compilation_config == {"mode": 3, "backend": "eager"}
+    assert args.compilation_config == StubCompilation(mode=3, backend="eager")
     assert args.optimization_level is StubLevel.O1
     assert "cache_config.block_size" in args.user_set_paths()
 
@@ -331,17 +332,20 @@ def test_bad_config_file_entries(tmp_path: Path, capsys: pytest.CaptureFixture[s
     )
 
 
-def test_validation_error_names_the_flag() -> None:
+def test_validation_error_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError, match=r"^--gpu-memory-utilization: Input should be less"):
         parse(["--gpu-memory-utilization", "1.5"]).create_engine_config()
+    # A config-valued flag is built while parsing (as in vLLM): a one-line parse error.
+    err = parse_error(["-cc.pass_config.fuse_norm_quant=sometimes"], capsys)
+    assert "error: -cc.pass_config.fuse_norm_quant: Input should be a valid boolean" in err
     with pytest.raises(ValueError, match=r"^-cc\.pass_config\.fuse_norm_quant: Input should be"):
-        parse(["-cc.pass_config.fuse_norm_quant=sometimes"]).create_engine_config()
+        StubArgs(compilation_config={"pass_config": {"fuse_norm_quant": "sometimes"}})
 
 
 def test_plain_argparse_parser_still_works() -> None:
     parser = StubArgs.add_cli_args(argparse.ArgumentParser())
     args = StubArgs.from_cli_args(parser.parse_args(["--block-size", "8", "-cc", '{"mode": 3}']))
-    assert args.block_size == 8 and args.compilation_config == {"mode": 3}
+    assert args.block_size == 8 and args.compilation_config == StubCompilation(mode=3)
     assert args.user_set_paths() == {"cache_config.block_size", "compilation_config.mode"}
 
 
@@ -464,3 +468,230 @@ def test_legacy_cc_key_marks_the_translated_field_as_user() -> None:
         cfg = real_args(["-cc.level=0"]).create_engine_config()
     assert cfg.compilation_config.mode is CompilationMode.NONE
     assert cfg.explain()["compilation_config.mode"]["source"] == "user"
+
+
+def test_prefix_caching_is_decided_per_model_when_unset() -> None:
+    from minivllm.engine.arg_utils import EngineArgs
+
+    # As in vLLM: None until the config is built, then per model (on for minivllm's).
+    assert EngineArgs().enable_prefix_caching is None
+    assert real_args([]).enable_prefix_caching is None
+    assert real_args(["--enable-prefix-caching"]).enable_prefix_caching is True
+    assert real_args(["--no-enable-prefix-caching"]).enable_prefix_caching is False
+    unset = EngineArgs()
+    assert "cache_config.enable_prefix_caching" not in unset.user_set_paths()
+    assert unset.create_engine_config().cache_config.enable_prefix_caching is True
+    off = EngineArgs(enable_prefix_caching=False).create_engine_config()
+    assert off.cache_config.enable_prefix_caching is False
+    assert off.explain()["cache_config.enable_prefix_caching"]["source"] == "user"
+
+
+def test_unset_batch_limits_adapt_to_the_users_values() -> None:
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.platforms import CpuPlatform, override_platform
+
+    with override_platform(CpuPlatform()):
+        # max_num_seqs left unset is capped at the user's token budget ...
+        sched = EngineArgs(max_num_batched_tokens=64).create_engine_config().scheduler_config
+        assert (sched.max_num_seqs, sched.max_num_batched_tokens) == (64, 64)
+        sched = real_args(["--max-num-batched-tokens", "64"]).create_engine_config()
+        assert sched.scheduler_config.max_num_seqs == 64
+        # ... a default budget at max_num_seqs * max_model_len ...
+        sched = EngineArgs(max_model_len=8).create_engine_config().scheduler_config
+        assert (sched.max_num_seqs, sched.max_num_batched_tokens) == (128, 1024)
+        # ... and raised to max_model_len without chunked prefill.
+        unchunked = EngineArgs(max_model_len=4096, enable_chunked_prefill=False)
+        assert unchunked.create_engine_config().scheduler_config.max_num_batched_tokens == 4096
+        # Two values the user set both still conflict.
+        both = EngineArgs(max_num_batched_tokens=64, max_num_seqs=128)
+        with pytest.raises(
+            ValueError, match=r"max_num_batched_tokens \(64\).*max_num_seqs \(128\)"
+        ):
+            both.create_engine_config()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1k", 1000),
+        ("1K", 1024),
+        ("1m", 1_000_000),
+        ("1M", 2**20),
+        ("25.6k", 25_600),
+        ("1.5k", 1500),
+        ("2g", 2 * 10**9),
+        ("2G", 2 * 2**30),
+        ("4096", 4096),
+        (" 8k ", 8000),
+    ],
+)
+def test_human_readable_int(value: str, expected: int) -> None:
+    from minivllm.utils.argparse_utils import human_readable_int
+
+    assert human_readable_int(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--max-model-len", "1k"], 1000),
+        (["--max-model-len", "1K"], 1024),
+        (["--max-model-len", "1m"], 1_000_000),
+        (["--max-model-len", "1M"], 2**20),
+        (["--max-model-len", "1.5k"], 1500),
+        (["--max-model-len", "auto"], -1),
+        (["--max-model-len", "AUTO"], -1),
+        (["--max-model-len", "-1"], -1),
+        (["--max-model-len=2048"], 2048),
+    ],
+)
+def test_max_model_len_takes_sizes_and_auto(argv: list[str], expected: int) -> None:
+    assert real_args(argv).max_model_len == expected
+
+
+def test_size_flags_are_the_ones_vllm_has() -> None:
+    args = real_args(
+        [
+            "--max-num-batched-tokens",
+            "8k",
+            "--kv-cache-memory-bytes",
+            "2G",
+            "-cc.max_cudagraph_capture_size=1K",
+        ]
+    )
+    assert args.max_num_batched_tokens == 8000
+    assert args.kv_cache_memory_bytes == 2 * 2**30
+    # Sizes in dotted keys too, as vLLM's parser reads them.
+    assert args.user_set_paths() >= {"compilation_config.max_cudagraph_capture_size"}
+    assert args.compilation_config.max_cudagraph_capture_size == 1024
+
+
+def test_auto_max_model_len_is_the_models_own() -> None:
+    cfg = real_args(["--max-model-len", "auto"]).create_engine_config()
+    default = real_args([]).create_engine_config()
+    assert cfg.model_config.max_model_len == default.model_config.max_model_len > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--max-model-len", "1.5K"], "did you mean 1.5k"),
+        (["--max-model-len", "lots"], "--max-model-len: invalid integer 'lots'"),
+        (["--max-num-batched-tokens", "8q"], "--max-num-batched-tokens: invalid integer '8q'"),
+        (["--max-num-batched-tokens", "auto"], "invalid integer 'auto'"),
+        (["--max-num-seqs", "1k"], "--max-num-seqs: invalid int value"),  # plain int, as in vLLM
+    ],
+)
+def test_bad_sizes_exit_2_with_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        real_parser().parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+
+
+def test_flexible_argument_parser_importable_where_vllm_users_look() -> None:
+    import minivllm.utils
+    import minivllm.utils.argparse_utils
+
+    assert minivllm.utils.FlexibleArgumentParser is FlexibleArgumentParser
+    assert minivllm.utils.argparse_utils.FlexibleArgumentParser is FlexibleArgumentParser
+    from minivllm.engine.arg_utils import FlexibleArgumentParser as from_arg_utils
+
+    assert from_arg_utils is FlexibleArgumentParser
+
+
+# ----------------------------------------------------------------------------
+# vLLM's parsed values: -O and config-valued flags
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["-O", "1"], "1"),
+        (["-O", "2"], "2"),
+        (["-O", "3"], "3"),
+        (["-O0"], "0"),
+        (["-O1"], "1"),
+        (["-O2"], "2"),
+        (["-O3"], "3"),
+    ],
+)
+def test_optimization_level_as_vllm_parses_it(argv: list[str], expected: str) -> None:
+    from minivllm.config.compilation import CompilationConfig
+    from minivllm.config.optimization import OptimizationLevel
+
+    parsed = real_parser().parse_args(argv)
+    # vLLM's parser gives the digit string; minivllm's level equals it, its number
+    # and its enum member alike.
+    assert parsed.optimization_level == expected
+    assert parsed.optimization_level == int(expected)
+    assert parsed.optimization_level is OptimizationLevel(int(expected))
+    assert not parsed.optimization_level != expected
+    assert isinstance(parsed.compilation_config, CompilationConfig)
+    assert parsed.compilation_config.mode is None
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+def test_cc_mode_is_a_compilation_config(mode: int) -> None:
+    parsed = real_parser().parse_args([f"-cc.mode={mode}"])
+    assert parsed.compilation_config.mode == mode
+
+
+def test_compilation_config_flag_values_are_config_objects() -> None:
+    from minivllm.config.compilation import CompilationConfig
+
+    parser = real_parser()
+    assert parser.parse_args([]).compilation_config == CompilationConfig()
+    text = '{"mode": 3, "cudagraph_capture_sizes": [1, 2, 4, 8], "backend": "eager"}'
+    for argv in (["-cc", text], [f"--compilation-config={text}"]):
+        cc = parser.parse_args(argv).compilation_config
+        assert isinstance(cc, CompilationConfig)
+        assert (cc.mode, cc.cudagraph_capture_sizes, cc.backend) == (3, [1, 2, 4, 8], "eager")
+    # A fresh default per parse: changing one never leaks into the next.
+    parser.parse_args([]).compilation_config.custom_ops.append("+rms_norm")
+    assert parser.parse_args([]).compilation_config.custom_ops == []
+
+
+def test_bad_compilation_config_value_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        real_parser().parse_args(["-cc.mode=7"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "-cc.mode: Invalid compilation mode 7" in err, err
+
+
+def test_engine_args_compilation_config_is_an_object() -> None:
+    from minivllm.config.compilation import CompilationConfig
+    from minivllm.config.compilation_modes import CompilationMode
+    from minivllm.engine.arg_utils import EngineArgs
+
+    default = EngineArgs()
+    assert isinstance(default.compilation_config, CompilationConfig)
+    assert default.compilation_config.mode is None and default.user_set_paths() == set()
+    from_dict = EngineArgs(compilation_config={"mode": 3})
+    assert from_dict.compilation_config == CompilationConfig(mode=3)
+    assert from_dict.user_set_paths() == {"compilation_config.mode"}
+    given = CompilationConfig(mode=CompilationMode.VLLM_COMPILE)
+    cfg = EngineArgs(compilation_config=given).create_engine_config()
+    assert cfg.explain()["compilation_config.mode"]["source"] == "user"
+    assert given.cudagraph_mode is None  # resolution works on a copy, not the caller's
+
+
+def test_config_flags_given_as_objects_keep_user_provenance() -> None:
+    # Keys the user gave are "user" even when they equal what resolution would pick.
+    cfg = real_args(["-cc.backend=inductor", "-O1"]).create_engine_config()
+    explained = cfg.explain()
+    assert explained["compilation_config.backend"] == {"value": "inductor", "source": "user"}
+    assert explained["optimization_level"]["source"] == "user"
+    assert explained["compilation_config.mode"]["source"] != "user"
+    # The same object handed over by a caller of the parser (vLLM's flow).
+    parsed = real_parser().parse_args(["-cc.mode=0"])
+    from minivllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs.from_cli_args(parsed)
+    assert args.compilation_config is parsed.compilation_config
+    assert args.create_engine_config().explain()["compilation_config.mode"]["source"] == "user"

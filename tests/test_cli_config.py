@@ -181,3 +181,53 @@ def test_bad_values_exit_2_with_one_line(
 def test_no_command_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run_main(capsys)
     assert status == 2 and err.count("\n") == 1 and "COMMAND" in err
+
+
+def test_explain_marks_json_and_dotted_config_keys_as_user(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    explained = explain_json(capsys, "-O1", "-cc", '{"backend": "inductor"}', "-cc.mode=3")
+    assert explained["optimization_level"] == {"value": "O1", "source": "user"}
+    assert explained["compilation_config.backend"] == {"value": "inductor", "source": "user"}
+    assert explained["compilation_config.mode"] == {"value": "VLLM_COMPILE", "source": "user"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["-ac.backend=FLASH_ATTN"], "'FLASH_ATTN' is not available in minivllm"),
+        (["--platform", "cpu", "-ac.backend=TRITON_ATTN"], "on this platform: CPU_SDPA"),
+    ],
+)
+def test_attention_backend_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    status, out, err = run_main(capsys, "config", *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and needle in err, err
+
+
+def test_attention_backend_by_vllm_name(capsys: pytest.CaptureFixture[str]) -> None:
+    explained = explain_json(capsys, "--platform", "cuda:9.0", "-ac.backend=TRITON_ATTN")
+    assert explained["attention_config.backend"] == {"value": "TRITON_PAGED", "source": "user"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--nnodes", "2"], "not supported by minivllm yet: nnodes=2 (multi-node inference"),
+        (["--master-port", "1234"], "master_port=1234"),
+        (["--node-rank=1"], "node_rank=1"),
+    ],
+)
+def test_vllm_parallel_flags_minivllm_refuses(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    status, out, err = run_main(capsys, "config", *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and needle in err, err
+
+
+def test_vllm_parallel_flags_at_their_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    explained = explain_json(capsys, "--nnodes", "1", "--master-addr", "127.0.0.1")
+    assert explained["parallel_config.nnodes"] == {"value": 1, "source": "user"}

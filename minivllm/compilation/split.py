@@ -34,9 +34,46 @@ def op_name(target: Any) -> str | None:
     return None
 
 
+def called_overload(node: fx.Node) -> str | None:
+    """The overload name ``node`` runs (``"default"``, ``"Tensor"``), or None if unknown.
+
+    Dynamo graphs call packets (``torch.ops.minivllm.unified_attention_with_output``);
+    a packet with one overload runs that one, otherwise the overload is the one the
+    argument types select, resolved from the traced example values."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._overloadname
+    if not isinstance(target, torch._ops.OpOverloadPacket):
+        return None
+    overloads = target.overloads()
+    if len(overloads) == 1:
+        return overloads[0]
+
+    def example(arg: fx.Node) -> Any:
+        return arg.meta.get("example_value", arg.meta.get("val"))
+
+    args = fx.node.map_arg(node.args, example)
+    kwargs = fx.node.map_arg(node.kwargs, example)
+    try:
+        return torch._C._jit_resolve_packet(target._qualified_op_name, *args, **kwargs)
+    except Exception:  # no example values or no matching schema: unknown
+        return None
+
+
 def is_splitting_node(node: fx.Node, splitting_ops: list[str]) -> bool:
-    """Whether ``node`` calls one of ``splitting_ops``."""
-    return node.op == "call_function" and op_name(node.target) in splitting_ops
+    """Whether ``node`` calls one of ``splitting_ops``: ``"ns::op"`` names every overload
+    of the op, ``"ns::op.overload"`` that overload only (``aten::add.default``)."""
+    if node.op != "call_function":
+        return False
+    name = op_name(node.target)
+    if name is None:
+        return False
+    if name in splitting_ops:
+        return True
+    if not any(op.startswith(name + ".") for op in splitting_ops):
+        return False
+    overload = called_overload(node)
+    return overload is not None and f"{name}.{overload}" in splitting_ops
 
 
 def split_graph(
@@ -72,4 +109,4 @@ def split_graph(
     return split_gm, items
 
 
-__all__ = ["SplitItem", "is_splitting_node", "op_name", "split_graph"]
+__all__ = ["SplitItem", "called_overload", "is_splitting_node", "op_name", "split_graph"]

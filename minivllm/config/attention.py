@@ -32,14 +32,47 @@ _KERNEL_KNOBS: dict[str, Any] = {
 }
 
 
+ATTENTION_BACKENDS: dict[str, str] = {
+    "CPU_SDPA": "PyTorch SDPA over the paged KV cache, any device",
+    "TRITON_PAGED": "Triton paged-attention kernels, CUDA only, CUDA-graph safe",
+}
+"""minivllm's attention backends (names as `AttentionConfig.backend` takes them)."""
+
+BACKEND_ALIASES: dict[str, str] = {
+    "CPU_ATTN": "CPU_SDPA",
+    "TORCH_SDPA": "CPU_SDPA",
+    "TRITON_ATTN": "TRITON_PAGED",
+}
+"""vLLM backend names with a minivllm counterpart (vLLM's CPU backend and its Triton
+paged-attention backend); other vLLM names (FLASH_ATTN, FLASHINFER, ...) are refused."""
+
+
+def canonical_backend(name: str) -> str:
+    """minivllm's name of attention backend ``name`` (any case, vLLM names accepted);
+    ValueError naming the backends there are for anything else."""
+    key = name.strip().upper()
+    key = BACKEND_ALIASES.get(key, key)
+    if key not in ATTENTION_BACKENDS:
+        aliases = {v: [k for k, t in BACKEND_ALIASES.items() if t == v] for v in ATTENTION_BACKENDS}
+        known = "; ".join(
+            f"{n} ({what}; vLLM: {', '.join(aliases[n])})" for n, what in ATTENTION_BACKENDS.items()
+        )
+        raise ValueError(
+            f"attention backend {name!r} is not available in minivllm; its backends are: "
+            f"{known}. Choose one of them or leave the backend unset."
+        )
+    return key
+
+
 @config
 class AttentionConfig:
     """Configuration for attention mechanisms."""
 
     backend: str | None = None
-    """Attention backend name (upper case). None lets the platform choose:
-    PyTorch SDPA over the paged KV cache on CPU, minivllm's kernel on CUDA.
-    Names are checked by the attention backend selector."""
+    """Attention backend: "CPU_SDPA" (PyTorch SDPA over the paged KV cache, any device)
+    or "TRITON_PAGED" (Triton kernels, CUDA only); vLLM's names CPU_ATTN / TORCH_SDPA and
+    TRITON_ATTN mean these, other vLLM backends are refused. None lets the platform
+    choose: TRITON_PAGED on CUDA, CPU_SDPA elsewhere."""
     flash_attn_version: int | None = None
     """FlashAttention version to force. Unsupported (no FlashAttention)."""
     use_prefill_decode_attention: bool = False
@@ -61,7 +94,7 @@ class AttentionConfig:
 
     def __post_init__(self) -> None:
         if self.backend is not None:
-            self.backend = self.backend.strip().upper()
+            self.backend = canonical_backend(self.backend)
         self.check_supported()
 
     def check_supported(self) -> None:

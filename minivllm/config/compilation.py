@@ -47,6 +47,7 @@ from minivllm.config.cudagraph_grids import (
 )
 from minivllm.config.dynamic_shapes import DynamicShapesConfig, DynamicShapesType
 from minivllm.config.pass_config import PassConfig
+from minivllm.config.splitting_ops import names_op, normalize_splitting_ops
 from minivllm.config.utils import config, get_hash_factors, hash_factors
 from minivllm.logger import init_logger
 from minivllm.platforms import current_platform
@@ -121,7 +122,9 @@ class CompilationConfig:
     chosen implementation directly and skips the wrapper's overhead in eager mode.
     None: on for VLLM_COMPILE with Inductor, off otherwise (set by VllmConfig)."""
     splitting_ops: list[str] | None = None
-    """Ops kept out of CUDA graphs, as "namespace::name". Without Inductor graph partition
+    """Ops kept out of CUDA graphs: "namespace::name" (every overload) or
+    "namespace::name.overload" (that one only); vLLM's attention op names, such as
+    "vllm::unified_attention_with_output", mean minivllm's. Without Inductor graph partition
     the FX graph is split at them before compilation; with it, Inductor partitions at
     them after its passes. None: the attention ops (plus the KV-cache update ops);
     []: nothing is split out (for full graphs)."""
@@ -291,6 +294,15 @@ class CompilationConfig:
             return CUDAGraphMode[name]
         return value
 
+    @field_validator("splitting_ops", mode="before")
+    @classmethod
+    def validate_splitting_ops_before(cls, value: Any) -> Any:
+        """Check op names; vLLM's attention op names become minivllm's (see
+        `minivllm.config.splitting_ops`)."""
+        if isinstance(value, list):
+            return normalize_splitting_ops(value)
+        return value
+
     @field_validator("pass_config", mode="before")
     @classmethod
     def validate_pass_config_before(cls, value: Any) -> Any:
@@ -439,7 +451,7 @@ class CompilationConfig:
     def splitting_ops_contain_attention(self) -> bool:
         """Whether every attention op is a splitting op."""
         return self.splitting_ops is not None and all(
-            op in self.splitting_ops for op in self._attention_ops
+            names_op(self.splitting_ops, op) for op in self._attention_ops
         )
 
     def splitting_ops_contain_kv_cache_update(self) -> bool:
@@ -453,7 +465,7 @@ class CompilationConfig:
             # set_splitting_ops_for_v1 will add them to the default splitting ops.
             return True
         return self.splitting_ops is not None and all(
-            op in self.splitting_ops for op in self._kv_cache_update_ops
+            names_op(self.splitting_ops, op) for op in self._kv_cache_update_ops
         )
 
     def is_attention_compiled_piecewise(self) -> bool:

@@ -232,10 +232,10 @@ def resolve_cudagraph_mode_and_sizes(
         and max_num_reqs > kv_cache_config.num_blocks
     ):
         raise ValueError(
-            f"max_num_seqs ({max_num_reqs}) exceeds the Mamba cache blocks available "
-            f"({kv_cache_config.num_blocks}); each decode sequence needs one, so CUDA graphs "
-            f"cannot be captured. Lower max_num_seqs to at most {kv_cache_config.num_blocks} "
-            "or raise gpu_memory_utilization."
+            f"max_num_seqs ({max_num_reqs}) exceeds available Mamba cache blocks "
+            f"({kv_cache_config.num_blocks}). Each decode sequence needs one Mamba cache "
+            "block, so CUDA graph capture cannot proceed. Lower max_num_seqs to at most "
+            f"{kv_cache_config.num_blocks} or increase gpu_memory_utilization."
         )
 
     cfg.cudagraph_mode = mode

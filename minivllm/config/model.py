@@ -379,6 +379,10 @@ class ModelConfig:
     is_multimodal_model = property(lambda self: False, doc="Text-only models only.")
     is_diffusion = property(lambda self: False, doc="No diffusion LLMs.")
     is_attention_free = property(lambda self: False, doc="Every model has attention.")
+    is_prefix_caching_supported = property(
+        lambda self: not self.is_attention_free,
+        doc="Whether prefix caching is on by default (vLLM: per model; every model here).",
+    )
     supports_replayssm = property(lambda self: False, doc="No SSM layers.")
     uses_mrope = property(lambda self: False, doc="No multimodal RoPE.")
 

@@ -6,7 +6,8 @@ from typing import Literal
 
 from minivllm.config.utils import config, hash_factors
 
-PerRequestSpecDecodeMetrics = Literal["none", "summary", "full"]
+PerRequestSpecDecodeMetrics = Literal["none", "summary", "detailed"]
+"""vLLM's values: off, a summary of acceptance, or the summary plus per-step arrays."""
 
 
 @config
@@ -33,8 +34,10 @@ class ObservabilityConfig:
     enable_logging_iteration_details: bool = False
     """Log per-step batch details."""
     per_request_spec_decode_metrics: PerRequestSpecDecodeMetrics = "none"
-    """Per-request speculative decoding metrics; needs speculative decoding,
-    so only "none" is usable with minivllm."""
+    """Per-request speculative decoding acceptance metrics in each response: "none"
+    (off), "summary" (mean acceptance length and rate, histogram of accepted drafts)
+    or "detailed" (the summary plus the per-step accepted/proposed counts). Needs
+    speculative decoding, which minivllm lacks, so only "none" is usable here."""
 
     def __post_init__(self) -> None:
         if not 0 < self.kv_cache_metrics_sample <= 1:

@@ -32,6 +32,20 @@ class OptimizationLevel(enum.IntEnum):
     O3 = 3
     """Currently identical to O2."""
 
+    # vLLM's parser leaves ``-O1`` as the string "1" (its flag has no enum parser), so
+    # code written for it compares levels with strings; a level equals its digit and
+    # its name ("1", "O1") as well as its number.
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return other.strip().upper() in (str(self.value), self.name)
+        return int.__eq__(self, other)  # type: ignore[no-any-return]
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = int.__hash__
+
 
 PerformanceMode = Literal["balanced", "interactivity", "throughput"]
 """Runtime trade-off: 'interactivity' captures every batch size up to 32 so small

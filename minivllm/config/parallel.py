@@ -3,11 +3,21 @@
 minivllm supports tensor parallelism over ``torch.distributed`` with the
 multiprocessing executor ("mp"); pipeline, data, context and expert
 parallelism keep their vLLM fields but any size above 1 is refused.
+
+vLLM's other fields (multi-node ``nnodes``/``master_addr``, NUMA binding, Ray,
+data-parallel ports, ...) are fields here too, so vLLM configs and flags parse:
+left at vLLM's defaults they change nothing; any other value is refused with
+"not supported by minivllm yet". Fields vLLM takes only from Python (``eplb_config``,
+``placement_group``, ...) are refused the same way when given.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
+
+from pydantic import model_validator
+from pydantic_core import ArgsKwargs
 
 from minivllm.config.utils import config, hash_factors
 from minivllm.logger import init_logger
@@ -29,6 +39,40 @@ All2AllBackend = Literal[
 ]
 ExpertPlacementStrategy = Literal["linear", "round_robin"]
 DCPCommBackend = Literal["ag_rs", "a2a"]
+
+VLLM_ONLY_FIELDS: dict[str, str] = {
+    "nnodes": "multi-node inference",
+    "node_rank": "multi-node inference",
+    "master_addr": "multi-node inference",
+    "master_port": "multi-node inference",
+    "data_parallel_rank_local": "data parallelism",
+    "data_parallel_master_ip": "data parallelism",
+    "data_parallel_rpc_port": "data parallelism",
+    "data_parallel_master_port": "data parallelism",
+    "data_parallel_hybrid_lb": "data-parallel load balancing",
+    "enable_ep_weight_filter": "expert parallelism",
+    "enable_elastic_ep": "elastic expert parallelism",
+    "dbo_decode_token_threshold": "dual batch overlap",
+    "dbo_prefill_token_threshold": "dual batch overlap",
+    "ray_workers_use_nsight": "Ray workers",
+    "sd_worker_cls": "custom workers",
+    "worker_extension_cls": "worker extensions",
+    "numa_bind": "NUMA binding",
+    "numa_bind_nodes": "NUMA binding",
+    "numa_bind_cpus": "NUMA binding",
+    "assigned_physical_gpu_ids": "GPU id remapping",
+    "distributed_timeout_seconds": "distributed timeouts",
+    "cpu_distributed_timeout_seconds": "distributed timeouts",
+}
+"""vLLM fields of `ParallelConfig` minivllm keeps at vLLM's default -> what they are for."""
+
+VLLM_PYTHON_ONLY: dict[str, str] = {
+    "eplb_config": "expert load balancing",
+    "ray_runtime_env": "Ray workers",
+    "placement_group": "Ray workers",
+    "fault_tolerance_config": "fault tolerance",
+}
+"""vLLM fields set only from Python (objects, not flags); refused unless None or empty."""
 
 
 @config
@@ -96,6 +140,72 @@ class ParallelConfig:
     """Global rank of this process (set by the executor)."""
     is_moe_model: bool | None = None
     """Copied from `ModelConfig.is_moe` by `VllmConfig`."""
+
+    # -- vLLM fields minivllm keeps at their defaults (see VLLM_ONLY_FIELDS) ------
+    nnodes: int = 1
+    """Nodes of a multi-node run. Only 1 is supported."""
+    node_rank: int = 0
+    """Rank of this node in a multi-node run. Only 0 is supported."""
+    master_addr: str = "127.0.0.1"
+    """Address of the multi-node master. Unsupported to change (one node only)."""
+    master_port: int = 29501
+    """Port of the multi-node master. Unsupported to change (one node only)."""
+    data_parallel_rank_local: int | None = None
+    """Local data-parallel rank (SPMD mode). Unsupported: must be None."""
+    data_parallel_master_ip: str = "127.0.0.1"
+    """Address of the data-parallel master. Unsupported to change."""
+    data_parallel_rpc_port: int = 29550
+    """Port for data-parallel messaging. Unsupported to change."""
+    data_parallel_master_port: int = 29500
+    """Port of the data-parallel master. Unsupported to change."""
+    data_parallel_hybrid_lb: bool = False
+    """Hybrid data-parallel load balancing. Unsupported."""
+    enable_ep_weight_filter: bool = False
+    """Load only this rank's experts (expert parallelism). Unsupported."""
+    enable_elastic_ep: bool = False
+    """Elastic expert parallelism. Unsupported."""
+    dbo_decode_token_threshold: int = 32
+    """Decode-only batches above this many tokens are micro-batched (dual batch
+    overlap). Unsupported to change."""
+    dbo_prefill_token_threshold: int = 512
+    """Batches with prefills above this many tokens are micro-batched (dual batch
+    overlap). Unsupported to change."""
+    ray_workers_use_nsight: bool = False
+    """Profile Ray workers with Nsight. Unsupported."""
+    sd_worker_cls: str = "auto"
+    """Worker class for speculative decoding; only "auto" is supported."""
+    worker_extension_cls: str = ""
+    """Class mixed into the worker for collective RPCs. Unsupported: must be empty."""
+    numa_bind: bool = False
+    """Bind GPU workers to their NUMA node. Unsupported."""
+    numa_bind_nodes: list[int] | None = None
+    """NUMA node of each GPU worker. Unsupported: must be None."""
+    numa_bind_cpus: list[str] | None = None
+    """CPU list of each GPU worker. Unsupported: must be None."""
+    assigned_physical_gpu_ids: list[int] | None = None
+    """Logical -> physical GPU ids. Unsupported: must be None."""
+    distributed_timeout_seconds: int | None = None
+    """Timeout of distributed set-up. Unsupported: must be None."""
+    cpu_distributed_timeout_seconds: int | None = None
+    """Timeout of CPU process groups. Unsupported: must be None."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_python_only_vllm_fields(cls, data: Any) -> Any:
+        """vLLM's object-valued fields get minivllm's refusal, not "unexpected keyword"."""
+        kwargs = data.kwargs if isinstance(data, ArgsKwargs) else data
+        if not isinstance(kwargs, dict):
+            return data
+        given = {k: kwargs[k] for k in VLLM_PYTHON_ONLY if kwargs.get(k) not in (None, {})}
+        if given:
+            problems = [
+                f"{k}={v!r} ({VLLM_PYTHON_ONLY[k]}; leave it unset)" for k, v in given.items()
+            ]
+            raise ValueError("not supported by minivllm yet: " + "; ".join(problems) + ".")
+        kept = {k: v for k, v in kwargs.items() if k not in VLLM_PYTHON_ONLY}
+        if isinstance(data, ArgsKwargs):
+            return ArgsKwargs(data.args, kept)
+        return kept
 
     def __post_init__(self) -> None:
         for name in (
@@ -168,6 +278,11 @@ class ParallelConfig:
             problems.append(f"ubatch_size={self.ubatch_size} (micro-batching; use 0)")
         if self.worker_cls != "auto":
             problems.append(f"worker_cls={self.worker_cls!r} (custom workers; use 'auto')")
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, what in VLLM_ONLY_FIELDS.items():
+            value, default = getattr(self, name), defaults[name]
+            if value != default:
+                problems.append(f"{name}={value!r} ({what}; use {default!r})")
         backend: Any = self.distributed_executor_backend
         if isinstance(backend, str) and backend not in SUPPORTED_EXECUTOR_BACKENDS:
             problems.append(

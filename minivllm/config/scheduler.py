@@ -8,8 +8,16 @@ serving defaults:
 - CUDA: ``max_num_seqs=256``, ``max_num_batched_tokens=8192``;
 - CPU: ``max_num_seqs=128``, ``max_num_batched_tokens=2048``.
 
-With chunked prefill off, ``max_num_batched_tokens`` is raised to at least
-``max_model_len`` (a prompt must fit in one step) when it was left unset.
+Only values the user left unset are adapted, as vLLM's engine arguments do, so
+that a default never conflicts with a value the user chose:
+
+- an unset ``max_num_batched_tokens`` is raised to ``max_model_len`` when chunked
+  prefill is off (a prompt must fit in one step), then capped at
+  ``max_num_seqs * max_model_len`` (more could never be used); it is also raised
+  to a user-set ``max_num_seqs`` (a minivllm addition: every sequence needs a token);
+- an unset ``max_num_seqs`` is capped at ``max_num_batched_tokens``.
+
+Two values the user set both are checked as given (see `verify_max_model_len`).
 """
 
 from __future__ import annotations
@@ -94,22 +102,11 @@ class SchedulerConfig:
         return SchedulerConfig(**kwargs)
 
     def __post_init__(self) -> None:
-        from minivllm.platforms import current_platform
-
-        on_cuda = current_platform.is_cuda()
-        if self.max_num_seqs is None:
-            self.max_num_seqs = CUDA_MAX_NUM_SEQS if on_cuda else DEFAULT_MAX_NUM_SEQS
-        budget_unset = self.max_num_batched_tokens is None
-        if budget_unset:
-            self.max_num_batched_tokens = (
-                CUDA_MAX_NUM_BATCHED_TOKENS if on_cuda else DEFAULT_MAX_NUM_BATCHED_TOKENS
-            )
         if self.is_encoder_decoder:
             self.disable_chunked_mm_input = True
             self.enable_chunked_prefill = False
             self.long_prefill_token_threshold = 0
-        if budget_unset and not self.enable_chunked_prefill and self.max_model_len:
-            self.max_num_batched_tokens = max(self.max_num_batched_tokens, self.max_model_len)
+        self._resolve_batch_defaults()
         self.check_supported()
         for name in ("max_num_batched_tokens", "max_num_seqs", "stream_interval"):
             if getattr(self, name) < 1:
@@ -124,6 +121,26 @@ class SchedulerConfig:
             if self.max_model_len:
                 self.long_prefill_token_threshold = int(self.max_model_len * 0.04)
         self.verify_max_model_len(self.max_model_len)
+
+    def _resolve_batch_defaults(self) -> None:
+        """Fill the unset token budget and batch width (see the module docstring)."""
+        from minivllm.platforms import current_platform
+
+        on_cuda = current_platform.is_cuda()
+        default_seqs = CUDA_MAX_NUM_SEQS if on_cuda else DEFAULT_MAX_NUM_SEQS
+        user_seqs = self.max_num_seqs
+        if self.max_num_batched_tokens is None:
+            budget = CUDA_MAX_NUM_BATCHED_TOKENS if on_cuda else DEFAULT_MAX_NUM_BATCHED_TOKENS
+            max_len = self.max_model_len
+            if max_len and not self.enable_chunked_prefill:
+                budget = max(budget, max_len)
+            if user_seqs is not None:
+                budget = max(budget, user_seqs)
+            if max_len and max_len > 0:
+                budget = min(budget, (user_seqs or default_seqs) * max_len)
+            self.max_num_batched_tokens = budget
+        if user_seqs is None:
+            self.max_num_seqs = min(default_seqs, self.max_num_batched_tokens)
 
     @property
     def scheduled_token_budget(self) -> int:

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import PurePath
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic_core import ArgsKwargs
 
 T = TypeVar("T")
 
@@ -136,6 +137,17 @@ def non_default_fields(config_obj: Any) -> dict[str, Any]:
     return changed
 
 
+def _refusal(feature: str, changed: dict[str, Any]) -> str:
+    if changed:
+        settings = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+        detail = f" (got {settings}); leave these fields at their defaults"
+    else:
+        detail = ""
+    return (
+        f"{feature} is not supported by minivllm{detail}. Remove this setting to run with minivllm."
+    )
+
+
 class UnsupportedFeature:
     """Mixin for the sub-configs of subsystems minivllm does not have.
 
@@ -162,16 +174,21 @@ class UnsupportedFeature:
         if changed:
             self._raise(changed)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_fields(cls, data: Any) -> Any:
+        """A field this class lacks (one of a newer vLLM, say) gets the feature's refusal
+        too, not pydantic's "unexpected keyword argument": the whole feature is refused."""
+        kwargs = data.kwargs if isinstance(data, ArgsKwargs) else data
+        if isinstance(kwargs, dict):
+            known = getattr(cls, "__dataclass_fields__", {})
+            unknown = {k: v for k, v in kwargs.items() if k not in known}
+            if unknown:
+                raise ValueError(_refusal(cls.FEATURE, unknown))
+        return data
+
     def _raise(self, changed: dict[str, Any]) -> None:
-        if changed:
-            settings = ", ".join(f"{k}={v!r}" for k, v in changed.items())
-            detail = f" (got {settings}); leave these fields at their defaults"
-        else:
-            detail = ""
-        raise ValueError(
-            f"{self.FEATURE} is not supported by minivllm{detail}. "
-            "Remove this setting to run with minivllm."
-        )
+        raise ValueError(_refusal(self.FEATURE, changed))
 
     def check_supported(self) -> None:
         """Raise ``ValueError`` when this config would switch on the unsupported feature."""

@@ -20,8 +20,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from minivllm.engine.arg_sizes import (
+    HUMAN_READABLE_HELP,
+    SUFFIXED,
+    human_readable_int,
+    human_readable_int_or_auto,
+)
+
 EXPLICIT_ATTR = "_explicit_args"
 """Namespace attribute holding the dests of flags the user actually gave."""
+PIECES_ATTR = "_json_pieces"
+"""Namespace attribute holding, per config-valued flag, the merged keys the user gave
+(the flag's value itself is the config built from them)."""
 
 
 # --------------------------------------------------------------------------
@@ -99,11 +109,18 @@ def is_config_class(tp: Any) -> bool:
 # Value parsers (argparse `type=` callables with helpful errors)
 # --------------------------------------------------------------------------
 def parse_json_or_str(text: str) -> Any:
-    """JSON when ``text`` parses as JSON, else the string itself (``-cc.mode=VLLM_COMPILE``)."""
+    """JSON when ``text`` parses as JSON, then a size such as ``8k`` (as vLLM's dotted
+    flags do), else the string itself (``-cc.mode=VLLM_COMPILE``)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return text
+        pass
+    if SUFFIXED.fullmatch(text.strip()):
+        try:
+            return human_readable_int(text)
+        except argparse.ArgumentTypeError:
+            pass
+    return text
 
 
 def parse_json_object(text: str) -> dict[str, Any]:
@@ -249,6 +266,40 @@ class MergeJsonAction(argparse.Action):
         merged = deep_merge(current if isinstance(current, dict) else {}, values)
         setattr(namespace, self.dest, merged)
 
+    def build(self, merged: dict[str, Any]) -> Any:
+        """The config of the merged keys (``config_cls`` set); errors name the key's flag."""
+        assert self.config_cls is not None
+        try:
+            return self.config_cls(**merged)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            short = min(self.option_strings, key=len)
+
+            def flag_for(loc: tuple[Any, ...]) -> str:
+                return ".".join([short, *map(str, loc)])
+
+            message = reduce_error(exc, flag_for)
+            # A message that names its key's flag stands alone; others get the flag.
+            named = message.startswith(short + ".")
+            raise argparse.ArgumentError(None if named else self, message) from None
+
+
+def build_config_flags(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> None:
+    """Turn the merged keys of every config-valued flag into its config object, as vLLM's
+    parser does (``args.compilation_config.mode``); a flag not given gets the defaults.
+    The keys stay in ``PIECES_ATTR`` so the engine can tell what the user set."""
+    pieces = dict(getattr(namespace, PIECES_ATTR, {}))
+    for action in parser._actions:
+        if not isinstance(action, MergeJsonAction) or action.config_cls is None:
+            continue
+        value = getattr(namespace, action.dest, None)
+        if isinstance(value, dict):
+            pieces[action.dest] = value
+            setattr(namespace, action.dest, action.build(value))
+        elif value is None:
+            setattr(namespace, action.dest, action.config_cls())
+    if pieces:
+        setattr(namespace, PIECES_ATTR, pieces)
+
 
 # --------------------------------------------------------------------------
 # Field -> add_argument kwargs
@@ -309,11 +360,18 @@ def add_field_argument(
     annotation: Any,
     default: Any,
     doc: str,
+    parse: Callable[[str], Any] | None = None,
 ) -> bool:
-    """Register one field as a tracked flag; False when its type has no CLI form."""
+    """Register one field as a tracked flag; False when its type has no CLI form.
+
+    ``parse`` replaces the value parser of a scalar flag (``human_readable_int``)."""
     kwargs = argparse_kwargs(annotation)
     if kwargs is None:
         return False
+    if parse is not None and "nargs" not in kwargs and kwargs.get("type") in (int, str):
+        kwargs["type"] = parse
+        if parse in (human_readable_int, human_readable_int_or_auto):
+            doc += HUMAN_READABLE_HELP
     action = kwargs.pop("action", "store")
     if isinstance(action, str):
         registry = parser._registries["action"]  # the registered class for "store"

@@ -30,6 +30,7 @@ from minivllm.config.model import ModelConfig
 from minivllm.config.parallel import ParallelConfig
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.vllm import VllmConfig
+from minivllm.engine.arg_sizes import human_readable_int, human_readable_int_or_auto
 from minivllm.engine.cli_parser import FlexibleArgumentParser
 from minivllm.engine.config_args import ConfigTarget, EngineArgsBase, engine_args_class
 
@@ -82,14 +83,30 @@ ALIASES = {
 }
 """Short flags, as in vLLM."""
 
+PARSERS = {
+    "max_model_len": human_readable_int_or_auto,
+    "max_num_batched_tokens": human_readable_int,
+    "kv_cache_memory_bytes": human_readable_int,
+}
+"""Integer flags that take sizes such as ``8k`` / ``8K`` (and ``auto``), the ones vLLM's do."""
 
-@engine_args_class(VllmConfig, TARGETS, aliases=ALIASES)
+
+@engine_args_class(VllmConfig, TARGETS, aliases=ALIASES, parsers=PARSERS)
 class EngineArgs(EngineArgsBase):
     """Arguments of one engine; fields mirror the config classes (see module docstring).
 
     Besides the fields, it offers `add_cli_args(parser)`, `from_cli_args(namespace)`,
     `create_engine_config() -> VllmConfig` and `user_set_paths()`.
     """
+
+    enable_prefix_caching: bool | None = None
+    """Reuse KV blocks of identical prompt prefixes across requests. None (as in vLLM):
+    decided per model when the config is built (on for every model minivllm runs)."""
+
+    def _resolve_unset(self, attr: str, kwargs: dict[str, Any], built: dict[str, Any]) -> None:
+        if attr == "cache_config" and kwargs.get("enable_prefix_caching") is None:
+            model = built["model_config"]
+            kwargs["enable_prefix_caching"] = model.is_prefix_caching_supported
 
     def _build_root(self, kwargs: dict[str, Any], user_paths: set[str]) -> VllmConfig:
         return self._build(VllmConfig, {**kwargs, "user_set_paths": frozenset(user_paths)}, "")
@@ -99,4 +116,4 @@ class EngineArgs(EngineArgsBase):
         return super().create_engine_config()  # type: ignore[no-any-return]
 
 
-__all__ = ["ALIASES", "TARGETS", "EngineArgs", "FlexibleArgumentParser"]
+__all__ = ["ALIASES", "PARSERS", "TARGETS", "EngineArgs", "FlexibleArgumentParser"]

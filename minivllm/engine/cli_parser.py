@@ -5,7 +5,9 @@ On top of argparse:
 - ``--max_model_len`` is the same flag as ``--max-model-len``;
 - ``-cc.key=value``, ``-cc.a.b=value`` and ``--compilation-config.key value``
   become JSON pieces of ``--compilation-config`` (values are JSON when they
-  parse, strings otherwise); all pieces of one flag merge in order;
+  parse, strings otherwise); all pieces of one flag merge in order, and the
+  parsed value is the config object built from them (``args.compilation_config.mode``),
+  or the default config when the flag is absent, as in vLLM;
 - ``--config file.yaml`` expands the file's keys into flags placed before the
   command line, so flags given explicitly win;
 - errors are one line on stderr and exit status 2, with a "did you mean" for
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from minivllm.engine.arg_parsing import MergeJsonAction, parse_json_or_str
+from minivllm.engine.arg_parsing import MergeJsonAction, build_config_flags, parse_json_or_str
 
 _DOTTED = re.compile(r"^(?P<flag>--?[A-Za-z][\w-]*)\.(?P<key>[A-Za-z_][\w.-]*)(?:=(?P<value>.*))?$")
 """``-cc.a.b=value`` or ``--compilation-config.a.b`` (value in the next token)."""
@@ -57,7 +59,12 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
         if self._config_file_flag is not None:
             argv = self._expand_config_files(argv)
         argv = self._expand_dotted(argv)
-        return super().parse_known_args(argv, namespace)
+        parsed, rest = super().parse_known_args(argv, namespace)
+        try:
+            build_config_flags(self, parsed)
+        except argparse.ArgumentError as exc:
+            self.error(str(exc))
+        return parsed, rest
 
     def error(self, message: str) -> NoReturn:
         """Print ONE line (no usage block) and exit with status 2."""

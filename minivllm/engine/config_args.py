@@ -11,14 +11,17 @@ paths the user set (for ``minivllm config --explain``).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import re
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 from minivllm.config.utils import field_docs
 from minivllm.engine.arg_parsing import (
     EXPLICIT_ATTR,
+    PIECES_ATTR,
     ConfigField,
     add_field_argument,
     config_fields,
@@ -110,32 +113,59 @@ def build_specs(
     return specs, shared
 
 
+def _own_spec(spec: ArgSpec, annotation: Any, f: dataclasses.Field[Any]) -> ArgSpec:
+    """``spec`` with the type and default of the engine-arguments field declared by hand."""
+    factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
+    own = ConfigField(spec.field.name, annotation, f.default, factory)
+    return dataclasses.replace(spec, field=own)
+
+
 def engine_args_class(
-    root_cls: type, targets: list[ConfigTarget], aliases: dict[str, list[str]] | None = None
+    root_cls: type,
+    targets: list[ConfigTarget],
+    aliases: dict[str, list[str]] | None = None,
+    parsers: dict[str, Callable[[str], Any]] | None = None,
 ) -> Callable[[type[E]], type[E]]:
-    """Class decorator: add the config fields of ``targets`` and make a dataclass."""
+    """Class decorator: add the config fields of ``targets`` and make a dataclass.
+
+    ``aliases`` gives arguments short flags (``-O``); ``parsers`` replaces the value
+    parser of scalar arguments (``max_model_len``: ``1k``, ``auto``)."""
 
     def wrap(cls: type[E]) -> type[E]:
         specs, shared = build_specs(targets)
         annotations = cls.__dict__.get("__annotations__", {})
         cls.__annotations__ = annotations
+        by_hand = [s for s in specs if s.arg_name in annotations]
         for spec in specs:
             if spec.arg_name in annotations:
                 continue  # declared by hand in the class body
             annotations[spec.arg_name] = spec.field.annotation
             f = spec.field
-            if f.default_factory is not None:
+            if spec.nested_cls is not None:
+                # None becomes the default config in __post_init__ (so it is known as such).
+                setattr(cls, spec.arg_name, None)
+            elif f.default_factory is not None:
                 setattr(cls, spec.arg_name, dataclasses.field(default_factory=f.default_factory))
-            elif spec.nested_cls is not None:
-                setattr(cls, spec.arg_name, dataclasses.field(default_factory=dict))
             else:
                 setattr(cls, spec.arg_name, None if f.default is dataclasses.MISSING else f.default)
-        cls._root_cls = root_cls
-        cls._targets = tuple(targets)
-        cls._specs = tuple(specs)
-        cls._shared = shared
-        cls._aliases = dict(aliases or {})
-        return dataclasses.dataclass(cls)
+        out = dataclasses.dataclass(cls)
+        if by_hand:
+            # A field declared by hand keeps its own type and default (flags and
+            # "did the user set it" follow them), e.g. a None that means "per model".
+            hints = typing.get_type_hints(out)
+            fields = {f.name: f for f in dataclasses.fields(out)}
+            own = {s.arg_name: s for s in by_hand}
+            specs = [
+                _own_spec(s, hints[s.arg_name], fields[s.arg_name]) if s.arg_name in own else s
+                for s in specs
+            ]
+        out._root_cls = root_cls
+        out._targets = tuple(targets)
+        out._specs = tuple(specs)
+        out._shared = shared
+        out._aliases = dict(aliases or {})
+        out._parsers = dict(parsers or {})
+        return out
 
     return wrap
 
@@ -169,6 +199,23 @@ class EngineArgsBase:
     _specs: ClassVar[tuple[ArgSpec, ...]]
     _shared: ClassVar[dict[str, list[tuple[str, ArgSpec]]]]
     _aliases: ClassVar[dict[str, list[str]]]
+    _parsers: ClassVar[dict[str, Callable[[str], Any]]]
+
+    def __post_init__(self) -> None:
+        # A config-valued argument is always a config object, as in vLLM: None gives the
+        # defaults, a dict its keys (kept, so the engine knows which the user set).
+        self._nested_defaults: dict[str, Any] = {}
+        self._nested_pieces: dict[str, dict[str, Any]] = {}
+        for spec in self._specs:
+            value = getattr(self, spec.arg_name)
+            if spec.nested_cls is None or not (value is None or isinstance(value, dict)):
+                continue
+            if value is None:
+                value = self._nested_defaults[spec.arg_name] = spec.nested_cls()
+            else:
+                self._nested_pieces[spec.arg_name] = value
+                value = self._build(spec.nested_cls, value, spec.path)
+            setattr(self, spec.arg_name, value)
 
     # -- command line ---------------------------------------------------------
     @classmethod
@@ -189,6 +236,7 @@ class EngineArgsBase:
                 spec.field.annotation,
                 spec.field.make_default(),
                 spec.doc,
+                cls._parsers.get(spec.arg_name),
             )
         return parser
 
@@ -202,8 +250,11 @@ class EngineArgsBase:
             if value is not None:
                 kwargs[spec.arg_name] = value
         engine_args = cls(**kwargs)
+        names = {s.arg_name for s in cls._specs}
         explicit = set(getattr(args, EXPLICIT_ATTR, ()))
-        engine_args._cli_explicit = explicit & {s.arg_name for s in cls._specs}  # type: ignore[attr-defined]
+        engine_args._cli_explicit = explicit & names  # type: ignore[attr-defined]
+        pieces = getattr(args, PIECES_ATTR, {})
+        engine_args._nested_pieces.update({k: v for k, v in pieces.items() if k in names})
         return engine_args
 
     # -- user-set tracking ----------------------------------------------------
@@ -217,11 +268,14 @@ class EngineArgsBase:
 
     def user_set_args(self) -> set[str]:
         """Argument names given on the command line or changed from their defaults."""
-        names = set(getattr(self, "_cli_explicit", ()))
+        names = set(getattr(self, "_cli_explicit", ())) | set(self._nested_pieces)
         for spec in self._specs:
             value = getattr(self, spec.arg_name)
-            default = spec.field.make_default() if not spec.nested_cls else {}
-            if value != default and not (spec.nested_cls and value is None):
+            if spec.nested_cls is not None:
+                # A config object counts once it is not the default made in __post_init__.
+                if value is not None and value is not self._nested_defaults.get(spec.arg_name):
+                    names.add(spec.arg_name)
+            elif value != spec.field.make_default():
                 names.add(spec.arg_name)
         return names
 
@@ -232,6 +286,8 @@ class EngineArgsBase:
         for name in self.user_set_args():
             spec = by_name[name]
             if spec.nested_cls is not None:
+                if name in self._nested_pieces:
+                    paths |= _leaf_paths(spec.path, self._nested_pieces[name], spec.nested_cls)
                 paths |= _leaf_paths(spec.path, getattr(self, name), spec.nested_cls)
                 continue
             paths.add(spec.path)
@@ -292,12 +348,17 @@ class EngineArgsBase:
             raise ValueError(message) from None
 
     def _nested_value(self, spec: ArgSpec) -> Any:
+        """A fresh config for the root: rebuilt from the user's keys when known (so it
+        is resolved on the platform in force now), else a copy of the given object."""
         value = getattr(self, spec.arg_name)
-        if value is None:  # "not given": the nested config's defaults
-            value = {}
+        pieces = self._nested_pieces.get(spec.arg_name)
+        if value is None or value is self._nested_defaults.get(spec.arg_name):
+            pieces = {}
+        if pieces is not None:
+            return self._build(spec.nested_cls, pieces, spec.path)  # type: ignore[arg-type]
         if isinstance(value, dict):
             return self._build(spec.nested_cls, value, spec.path)  # type: ignore[arg-type]
-        return value
+        return copy.deepcopy(value)  # resolution must not change the caller's object
 
     def create_engine_config(self) -> Any:
         """Build every config, then the root config, recording the user-set paths."""
@@ -315,6 +376,7 @@ class EngineArgsBase:
             for name, (source, attribute) in target.derived.items():
                 if hasattr(built.get(source), attribute):
                     kwargs[name] = getattr(built[source], attribute)
+            self._resolve_unset(target.attr, kwargs, built)
             built[target.attr] = self._build(target.cls, kwargs, target.attr)
         user_paths = self.user_set_paths()
         given = self.user_set_args()
@@ -330,6 +392,10 @@ class EngineArgsBase:
                 # fields an old spelling was translated into (``level`` -> ``mode``).
                 user_paths |= _leaf_paths(spec.path, nested, spec.nested_cls)
         return self._build_root(built, user_paths)
+
+    def _resolve_unset(self, attr: str, kwargs: dict[str, Any], built: dict[str, Any]) -> None:
+        """Fill the ``kwargs`` of config ``attr`` that the arguments leave to be decided
+        (None) from the configs ``built`` so far; subclasses say which."""
 
     def _build_root(self, kwargs: dict[str, Any], user_paths: set[str]) -> Any:
         """Construct the root config; subclasses adapt how user-set paths are handed over."""

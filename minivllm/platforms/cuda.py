@@ -29,6 +29,7 @@ class CudaPlatform(Platform):
     device_name = "cuda"
     device_type = "cuda"
     dispatch_key = "CUDA"
+    attention_backends = ("TRITON_PAGED", "CPU_SDPA")
 
     def __init__(self, device_capability: tuple[int, int] | None = None) -> None:
         self._capability = DeviceCapability(*device_capability) if device_capability else None

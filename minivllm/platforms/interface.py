@@ -37,6 +37,8 @@ class Platform:
     dispatch_key: str = "CPU"
     simple_compile_backend: str = "inductor"
     supported_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    attention_backends: tuple[str, ...] = ("CPU_SDPA",)
+    """Attention backends that run here (`AttentionConfig.backend` names), default first."""
 
     # -- identity -----------------------------------------------------------
     def is_cuda(self) -> bool:
@@ -134,6 +136,13 @@ class Platform:
         cache_config = getattr(vllm_config, "cache_config", None)
         if cache_config is not None and getattr(cache_config, "block_size", 0) is None:
             cache_config.block_size = self.get_default_block_size()
+        backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+        if backend is not None and backend not in self.attention_backends:
+            raise ValueError(
+                f"attention backend {backend} does not run on {self!r}; the attention "
+                f"backends minivllm has on this platform: {', '.join(self.attention_backends)}. "
+                "Choose one of them (e.g. -ac.backend=CPU_SDPA) or leave the backend unset."
+            )
 
     def __repr__(self) -> str:
         cap = self.get_device_capability()

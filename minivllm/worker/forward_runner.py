@@ -88,8 +88,9 @@ class ForwardRunner:
             mode = CUDAGraphMode.NONE
         if mode.has_full_cudagraphs() and not _attention_graph_safe(attn_layers):
             logger.warning(
-                "FULL CUDA graphs need the Triton paged-attention backend (is triton "
-                "installed?); capturing piecewise graphs only"
+                "FULL CUDA graphs need the Triton paged-attention backend (TRITON_PAGED; "
+                "is triton installed, or was another attention backend chosen?); capturing "
+                "piecewise graphs only"
             )
             mode = (
                 CUDAGraphMode.PIECEWISE if mode.has_piecewise_cudagraphs() else CUDAGraphMode.NONE

@@ -158,3 +158,11 @@ def test_dynamic_shapes_type_is_honoured(tiny_llama: Path, dynamic: str) -> None
     for n in (8, 1, 5):
         run(forward, model, layers, n)
     assert forward.num_traces == 1
+
+
+@pytest.mark.parametrize("attention_op", ["vllm::unified_attention_with_output", f"{ATTN}.default"])
+def test_attention_split_by_vllm_name_or_overload(tiny_llama: Path, attention_op: str) -> None:
+    model, forward, layers = build(tiny_llama, splitting_ops=[attention_op])
+    run(forward, model, layers, 8)
+    backend: VllmBackend = forward.backend
+    assert len([i for i in backend.items if i.is_splitting_graph]) == NUM_LAYERS

@@ -101,3 +101,33 @@ def test_set_dcp_defaults_copies_the_deprecated_alias() -> None:
     p = ParallelConfig(dcp_kv_cache_interleave_size=4)
     p.set_dcp_defaults()
     assert p.cp_kv_cache_interleave_size == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"nnodes": 2}, "nnodes=2 (multi-node inference; use 1)"),
+        ({"node_rank": 1}, "node_rank=1 (multi-node inference; use 0)"),
+        ({"master_addr": "10.0.0.1"}, "master_addr='10.0.0.1' (multi-node inference"),
+        ({"numa_bind": True}, "numa_bind=True (NUMA binding; use False)"),
+        ({"data_parallel_rpc_port": 1234}, "data_parallel_rpc_port=1234 (data parallelism"),
+        ({"dbo_decode_token_threshold": 8}, "(dual batch overlap; use 32)"),
+        ({"distributed_timeout_seconds": 60}, "distributed_timeout_seconds=60"),
+        ({"eplb_config": {"window_size": 5}}, "eplb_config={'window_size': 5} (expert load"),
+        ({"placement_group": object()}, "placement_group="),
+    ],
+)
+def test_vllm_fields_minivllm_lacks_get_its_message(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ValueError) as e:
+        ParallelConfig(**kwargs)
+    assert "not supported by minivllm yet: " in str(e.value) and needle in str(e.value)
+    assert "Unexpected keyword argument" not in str(e.value)
+
+
+def test_vllm_fields_at_their_defaults_are_accepted() -> None:
+    p = ParallelConfig(
+        nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29501, eplb_config=None
+    )
+    assert p.nnodes == 1 and p.check_supported() is None
+    with pytest.raises(ValueError, match="Unexpected keyword argument"):
+        ParallelConfig(nnodez=2)  # type: ignore[call-arg]  # a typo, not a vLLM field

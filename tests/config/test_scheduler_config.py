@@ -60,6 +60,34 @@ def test_without_chunked_prefill_unset_budget_grows_to_max_model_len() -> None:
     assert s.max_num_batched_tokens == 8192
 
 
+def test_unset_batch_width_is_capped_at_the_users_budget() -> None:
+    # vLLM: a max_num_seqs the user did not set never exceeds max_num_batched_tokens.
+    with override_platform(CpuPlatform()):
+        s = SchedulerConfig(max_num_batched_tokens=64, max_model_len=8192)
+    assert (s.max_num_seqs, s.max_num_batched_tokens) == (64, 64)
+    with override_platform(CudaPlatform(device_capability=(9, 0))):
+        assert SchedulerConfig(max_num_batched_tokens=100).max_num_seqs == 100
+
+
+def test_unset_budget_is_capped_at_what_the_batch_can_use() -> None:
+    # vLLM: a default budget never exceeds max_num_seqs * max_model_len ...
+    with override_platform(CpuPlatform()):
+        s = SchedulerConfig(max_model_len=4)
+        assert (s.max_num_seqs, s.max_num_batched_tokens) == (128, 512)
+        assert SchedulerConfig(max_num_seqs=2, max_model_len=32).max_num_batched_tokens == 64
+        # ... and is raised to max_model_len without chunked prefill (before the cap).
+        unchunked = SchedulerConfig(
+            max_num_seqs=2, max_model_len=4096, enable_chunked_prefill=False
+        )
+        assert unchunked.max_num_batched_tokens == 4096
+
+
+def test_unset_budget_makes_room_for_the_users_batch_width() -> None:
+    with override_platform(CpuPlatform()):
+        s = SchedulerConfig(max_num_seqs=4096, max_model_len=8192)
+    assert (s.max_num_seqs, s.max_num_batched_tokens) == (4096, 4096)
+
+
 def test_chunked_prefill_allows_small_budget() -> None:
     s = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16, max_model_len=8192)
     assert s.max_num_batched_tokens == 512

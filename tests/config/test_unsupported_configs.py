@@ -35,6 +35,7 @@ from minivllm.config.reasoning import ReasoningConfig
 from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.structured_outputs import StructuredOutputsConfig
 from minivllm.config.utils import UnsupportedFeature, non_default_fields
+from minivllm.config.vllm import VllmConfig
 from minivllm.config.watermark import WatermarkConfig
 from minivllm.config.weight_transfer import WeightTransferConfig
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
@@ -120,12 +121,13 @@ def test_speculative_predicates_and_kv_transfer_properties() -> None:
 
 # -- supported small configs -----------------------------------------------------
 def test_attention_config() -> None:
-    assert AttentionConfig(backend="torch_sdpa").backend == "TORCH_SDPA"
+    assert AttentionConfig(backend="torch_sdpa").backend == "CPU_SDPA"  # vLLM's name
     with pytest.raises(ValueError, match="flash_attn_version"):
         AttentionConfig(flash_attn_version=3)
     with pytest.raises(ValueError, match="HiSparse"):
         AttentionConfig(hisparse_config=HiSparseConfig())
-    assert AttentionConfig(backend="X").compute_hash() != AttentionConfig().compute_hash()
+    sdpa = AttentionConfig(backend="CPU_SDPA")
+    assert sdpa.compute_hash() != AttentionConfig().compute_hash()
 
 
 def test_kernel_config() -> None:
@@ -145,6 +147,14 @@ def test_kernel_config() -> None:
 
 def test_observability_config() -> None:
     assert ObservabilityConfig().per_request_spec_decode_metrics == "none"
+    # vLLM's values parse; without speculative decoding only "none" resolves.
+    for value in ("summary", "detailed"):
+        metrics = ObservabilityConfig(per_request_spec_decode_metrics=value)
+        assert metrics.per_request_spec_decode_metrics == value
+        with pytest.raises(ValueError, match="needs speculative decoding"):
+            VllmConfig(observability_config=metrics)
+    with pytest.raises(ValueError, match="detailed"):
+        ObservabilityConfig(per_request_spec_decode_metrics="full")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="OpenTelemetry"):
         ObservabilityConfig(otlp_traces_endpoint="http://x")
     with pytest.raises(ValueError, match="kv_cache_metrics_sample"):
@@ -205,3 +215,12 @@ def default_model_config():
     from minivllm.config.model import ModelConfig
 
     return ModelConfig()
+
+
+def test_unknown_field_of_a_refused_subsystem_gets_the_refusal() -> None:
+    # A field of a newer vLLM: the feature is refused whatever its fields.
+    with pytest.raises(ValueError) as exc:
+        LoRAConfig(some_newer_vllm_field=1)  # type: ignore[call-arg]
+    assert "LoRA (lora_config) is not supported by minivllm" in str(exc.value)
+    assert "some_newer_vllm_field=1" in str(exc.value)
+    assert "Unexpected keyword argument" not in str(exc.value)

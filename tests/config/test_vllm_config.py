@@ -16,6 +16,7 @@ import pytest
 from minivllm.config import vllm_rules as rules
 from minivllm.config.compilation_modes import CompilationMode, CUDAGraphMode
 from minivllm.config.model import ModelConfig
+from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.vllm import OptimizationLevel, VllmConfig
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 
@@ -295,3 +296,9 @@ def test_block_size_must_fit_context_parallel_interleave() -> None:
         VllmConfig.validate_block_size(cfg)
     cfg.parallel_config.cp_kv_cache_interleave_size = 8
     VllmConfig.validate_block_size(cfg)
+
+
+def test_unset_max_num_seqs_follows_a_small_token_budget() -> None:
+    cfg = VllmConfig(scheduler_config=SchedulerConfig.default_factory(max_num_batched_tokens=64))
+    assert cfg.scheduler_config.max_num_seqs == 64
+    assert cfg.scheduler_config.max_num_batched_tokens == 64

@@ -108,3 +108,23 @@ def test_explicit_engine_ids_do_not_collide_with_generated_ones(
     assert [list(o.outputs[0].token_ids) for o in outputs] == expected
     assert not {o.request_id for o in outputs} & set(taken)
     assert not engine.has_unfinished_requests()
+
+
+def test_a_small_token_budget_alone_is_enough(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from model_helpers import save_random_hf_model
+
+    # As in vLLM: max_num_seqs, left unset, shrinks to the budget instead of conflicting.
+    save_random_hf_model(tmp_path, tie_word_embeddings=False)
+    llm = LLM(
+        model=str(tmp_path),
+        dtype="float32",
+        skip_tokenizer_init=True,
+        optimization_level=0,
+        num_gpu_blocks_override=64,
+        max_num_batched_tokens=64,
+    )
+    sched = llm.llm_engine.vllm_config.scheduler_config
+    assert (sched.max_num_seqs, sched.max_num_batched_tokens) == (64, 64)
+    prompt = {"prompt_token_ids": list(range(1, 100))}  # longer than one step's budget
+    (out,) = llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens

@@ -114,3 +114,21 @@ def test_default_model_o2_matches_o0() -> None:
         llm = LLM(dtype="float32", optimization_level=level, max_num_seqs=8)
         outs[level] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert outs[0] == outs[2]
+
+
+@pytest.mark.parametrize(
+    ("backend", "impl"), [("TRITON_ATTN", "TritonPagedBackend"), ("CPU_SDPA", "CpuSdpaBackend")]
+)
+def test_configured_attention_backend_runs(tiny_llama: Path, backend: str, impl: str) -> None:
+    """-ac.backend picks the backend the layers run (vLLM's names too), graphs or not."""
+    reference = greedy_tokens(make_llm(tiny_llama, optimization_level=0), n=16)
+    for level in (0, 2):
+        llm = make_llm(
+            tiny_llama,
+            optimization_level=level,
+            max_num_seqs=16,
+            attention_config={"backend": backend},
+        )
+        layers = llm.llm_engine.executor.worker.model_runner.attn_layers
+        assert {type(layer.impl).__name__ for layer in layers.values()} == {impl}
+        assert greedy_tokens(llm, n=16) == reference

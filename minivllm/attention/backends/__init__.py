@@ -27,22 +27,30 @@ def _cuda_default() -> Any | None:
 
 
 def get_attn_backend(name: str | None = None) -> Any:
-    """An instance of the backend called ``name``.
+    """An instance of the backend called ``name`` (vLLM's names accepted).
 
-    Default: the Triton paged backend on CUDA (CUDA graph safe), else the SDPA
+    ``name`` None: the current config's ``attention_config.backend``; when that is
+    unset too, the Triton paged backend on CUDA (CUDA graph safe), else the SDPA
     backend (plain torch, any device).
     """
+    from minivllm.config.attention import canonical_backend
+    from minivllm.model_executor.custom_op import current_vllm_config
+    from minivllm.platforms import current_platform
+
+    if name is None:
+        attention_config = getattr(current_vllm_config(), "attention_config", None)
+        name = getattr(attention_config, "backend", None)
     if name is None:
         backend = _cuda_default()
-        if backend is not None:
-            return backend
-    if name == "TRITON_PAGED":
+        return backend if backend is not None else CpuSdpaBackend()
+    key = canonical_backend(name)
+    if key not in current_platform.attention_backends:
+        raise ValueError(
+            f"attention backend {key} does not run on {current_platform!r}; available here: "
+            f"{', '.join(current_platform.attention_backends)}"
+        )
+    if key == "TRITON_PAGED":
         from minivllm.attention.backends.triton_paged import TritonPagedBackend
 
         return TritonPagedBackend()
-    key = name or CpuSdpaBackend.name
-    if key not in _BACKENDS:
-        raise ValueError(
-            f"unknown attention backend {key!r}; available: {', '.join(sorted(_BACKENDS))}"
-        )
     return _BACKENDS[key]()

@@ -414,7 +414,7 @@ def test_engine_args_has_every_knob_of_the_issue() -> None:
 
 
 def test_real_flags_resolve_into_vllm_config() -> None:
-    from minivllm.config.compilation_modes import CompilationMode, CUDAGraphMode
+    from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode
     from minivllm.config.optimization import OptimizationLevel
     from minivllm.platforms import CudaPlatform, override_platform
 
@@ -462,7 +462,7 @@ def test_real_unknown_cc_key_lists_valid_keys(capsys: pytest.CaptureFixture[str]
 
 
 def test_legacy_cc_key_marks_the_translated_field_as_user() -> None:
-    from minivllm.config.compilation_modes import CompilationMode
+    from minivllm.config.compilation.modes import CompilationMode
 
     with pytest.warns(DeprecationWarning, match="level"):
         cfg = real_args(["-cc.level=0"]).create_engine_config()
@@ -666,7 +666,7 @@ def test_bad_compilation_config_value_exits_2_with_one_line(
 
 def test_engine_args_compilation_config_is_an_object() -> None:
     from minivllm.config.compilation import CompilationConfig
-    from minivllm.config.compilation_modes import CompilationMode
+    from minivllm.config.compilation.modes import CompilationMode
     from minivllm.engine.arg_utils import EngineArgs
 
     default = EngineArgs()

@@ -17,8 +17,8 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from minivllm.compilation.counter import compilation_counter
-from minivllm.config.compilation_modes import log_once
-from minivllm.config.pass_config import FUSION_SWITCHES
+from minivllm.config.compilation.modes import log_once
+from minivllm.config.compilation.pass_config import FUSION_SWITCHES
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)

@@ -29,8 +29,8 @@ from minivllm import envs
 from minivllm.compilation.aot import AotForward, CanonicalBackend
 from minivllm.compilation.backend import VllmBackend
 from minivllm.compilation.counter import compilation_counter
-from minivllm.config.compilation_modes import CompilationMode
-from minivllm.config.dynamic_shapes import DynamicShapesType
+from minivllm.config.compilation.dynamic_shapes import DynamicShapesType
+from minivllm.config.compilation.modes import CompilationMode
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)

@@ -8,7 +8,6 @@ import it.
 
 from minivllm.config.attention import AttentionConfig, HiSparseConfig
 from minivllm.config.attention_support import AttentionCGSupport
-from minivllm.config.aux_output import AuxOutputConfig
 from minivllm.config.cache import CacheConfig
 from minivllm.config.compilation import (
     CompilationConfig,
@@ -25,28 +24,35 @@ from minivllm.config.compilation import (
     varlen_decode_cudagraph_capture_grid,
 )
 from minivllm.config.device import DeviceConfig
-from minivllm.config.diffusion import DiffusionConfig
-from minivllm.config.ec_manager import EncoderCacheManagerConfig
-from minivllm.config.ec_transfer import ECTransferConfig
-from minivllm.config.engram import EngramConfig
 from minivllm.config.kernel import IrOpPriorityConfig, KernelConfig
-from minivllm.config.kv_events import KVEventsConfig
-from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
-from minivllm.config.lora import LoRAConfig
-from minivllm.config.mamba import MambaConfig
 from minivllm.config.model import ModelConfig
 from minivllm.config.observability import ObservabilityConfig
-from minivllm.config.offload import OffloadConfig, PrefetchOffloadConfig, UVAOffloadConfig
 from minivllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG, OptimizationLevel
 from minivllm.config.parallel import ParallelConfig
 from minivllm.config.profiler import ProfilerConfig
 from minivllm.config.quantization import GGUFConfig, QuantizationConfig
-from minivllm.config.reasoning import ReasoningConfig
 from minivllm.config.scheduler import SchedulerConfig
-from minivllm.config.speculative import SpeculativeConfig
-from minivllm.config.structured_outputs import StructuredOutputsConfig
+from minivllm.config.unsupported.aux_output import AuxOutputConfig
+from minivllm.config.unsupported.diffusion import DiffusionConfig
+from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
+from minivllm.config.unsupported.ec_transfer import ECTransferConfig
+from minivllm.config.unsupported.engram import EngramConfig
+from minivllm.config.unsupported.kv_events import KVEventsConfig
+from minivllm.config.unsupported.kv_transfer import KVTransferConfig
+from minivllm.config.unsupported.lora import LoRAConfig
+from minivllm.config.unsupported.mamba import MambaConfig
+from minivllm.config.unsupported.offload import (
+    OffloadConfig,
+    PrefetchOffloadConfig,
+    UVAOffloadConfig,
+)
+from minivllm.config.unsupported.reasoning import ReasoningConfig
+from minivllm.config.unsupported.speculative import SpeculativeConfig
+from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
+from minivllm.config.unsupported.watermark import WatermarkConfig
+from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.vllm import VllmConfig
 from minivllm.config.vllm_context import (
     get_cached_compilation_config,
@@ -54,8 +60,6 @@ from minivllm.config.vllm_context import (
     get_layers_from_vllm_config,
     set_current_vllm_config,
 )
-from minivllm.config.watermark import WatermarkConfig
-from minivllm.config.weight_transfer import WeightTransferConfig
 
 __all__ = [
     "OPTIMIZATION_LEVEL_TO_CONFIG",

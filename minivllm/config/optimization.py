@@ -13,7 +13,7 @@ import enum
 import importlib.util
 from typing import TYPE_CHECKING, Any, Literal
 
-from minivllm.config.compilation_modes import CUDAGraphMode
+from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.platforms import current_platform
 
 if TYPE_CHECKING:

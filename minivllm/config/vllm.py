@@ -25,26 +25,16 @@ from typing import Any
 
 from minivllm.config import vllm_rules as rules
 from minivllm.config.attention import AttentionConfig
-from minivllm.config.aux_output import AuxOutputConfig
 from minivllm.config.cache import CacheConfig
 from minivllm.config.compilation import CompilationConfig
-from minivllm.config.compilation_modes import CompilationMode
-from minivllm.config.cudagraph_sizes import set_compile_ranges, set_cudagraph_sizes
+from minivllm.config.compilation.cudagraph_sizes import set_compile_ranges, set_cudagraph_sizes
+from minivllm.config.compilation.modes import CompilationMode
 from minivllm.config.device import DeviceConfig
-from minivllm.config.diffusion import DiffusionConfig
-from minivllm.config.ec_manager import EncoderCacheManagerConfig
-from minivllm.config.ec_transfer import ECTransferConfig
-from minivllm.config.engram import EngramConfig
 from minivllm.config.kernel import KernelConfig
-from minivllm.config.kv_events import KVEventsConfig
-from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
-from minivllm.config.lora import LoRAConfig
-from minivllm.config.mamba import MambaConfig
 from minivllm.config.model import ModelConfig
 from minivllm.config.observability import ObservabilityConfig
-from minivllm.config.offload import OffloadConfig
 from minivllm.config.optimization import (
     OPTIMIZATION_LEVEL_TO_CONFIG,
     OptimizationLevel,
@@ -62,10 +52,22 @@ from minivllm.config.parallel import ParallelConfig
 from minivllm.config.profiler import ProfilerConfig
 from minivllm.config.provenance import Origin, Provenance, Source, flatten
 from minivllm.config.quantization import QuantizationConfig, get_quant_config
-from minivllm.config.reasoning import ReasoningConfig
 from minivllm.config.scheduler import SchedulerConfig
-from minivllm.config.speculative import SpeculativeConfig
-from minivllm.config.structured_outputs import StructuredOutputsConfig
+from minivllm.config.unsupported.aux_output import AuxOutputConfig
+from minivllm.config.unsupported.diffusion import DiffusionConfig
+from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
+from minivllm.config.unsupported.ec_transfer import ECTransferConfig
+from minivllm.config.unsupported.engram import EngramConfig
+from minivllm.config.unsupported.kv_events import KVEventsConfig
+from minivllm.config.unsupported.kv_transfer import KVTransferConfig
+from minivllm.config.unsupported.lora import LoRAConfig
+from minivllm.config.unsupported.mamba import MambaConfig
+from minivllm.config.unsupported.offload import OffloadConfig
+from minivllm.config.unsupported.reasoning import ReasoningConfig
+from minivllm.config.unsupported.speculative import SpeculativeConfig
+from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
+from minivllm.config.unsupported.watermark import WatermarkConfig
+from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.utils import config
 from minivllm.config.vllm_context import (
     get_cached_compilation_config,
@@ -74,8 +76,6 @@ from minivllm.config.vllm_context import (
     set_current_vllm_config,
 )
 from minivllm.config.vllm_derived import VllmConfigDerived
-from minivllm.config.watermark import WatermarkConfig
-from minivllm.config.weight_transfer import WeightTransferConfig
 from minivllm.logger import init_logger
 from minivllm.platforms import current_platform
 
@@ -454,11 +454,11 @@ class VllmConfig(VllmConfigDerived):
         rules.normalize_piecewise_cudagraph_mode(self, breakable_cudagraph_enabled)
 
     def _set_cudagraph_sizes(self) -> None:
-        """Resolve CUDA graph capture sizes (see `minivllm.config.cudagraph_sizes`)."""
+        """Resolve CUDA graph capture sizes (see `minivllm.config.compilation.cudagraph_sizes`)."""
         set_cudagraph_sizes(self)
 
     def _set_compile_ranges(self) -> None:
-        """Resolve ``compile_ranges_endpoints`` (see `minivllm.config.cudagraph_sizes`)."""
+        """Resolve ``compile_ranges_endpoints`` (see `minivllm.config.compilation.cudagraph_sizes`)."""
         set_compile_ranges(self)
 
     def try_verify_and_update_config(self) -> None:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minivllm.config.compilation_modes import CUDAGraphMode
+from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.config.utils import get_hash_factors, hash_factors
 from minivllm.platforms import current_platform
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minivllm import envs
-from minivllm.config.compilation_modes import CompilationMode, CUDAGraphMode
+from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode
 from minivllm.config.optimization import OptimizationLevel
 from minivllm.logger import init_logger
 from minivllm.platforms import current_platform

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from minivllm.compilation.counter import compilation_counter
-from minivllm.config.compilation_modes import CUDAGraphMode
+from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.forward_context import get_forward_context, is_forward_context_available
 from minivllm.logger import init_logger
 

@@ -20,7 +20,7 @@ from torch import nn
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.compilation.backend import VllmBackend
 from minivllm.compilation.wrapper import ModelForward, build_model_forward
-from minivllm.config.compilation_modes import CUDAGraphMode
+from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.forward_context import set_forward_context
 from minivllm.logger import init_logger
 from minivllm.worker.cudagraph import (

@@ -14,7 +14,7 @@ from minivllm.attention.kv_cache import (
     bind_kv_caches,
     build_attention_metadata,
 )
-from minivllm.config.compilation_modes import CUDAGraphMode
+from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.worker.cudagraph import BatchDescriptor, CudagraphDispatcher
 from minivllm.worker.forward_runner import ForwardRunner, pad_step_inputs

@@ -17,7 +17,7 @@ from minivllm.config.compilation import (
     CompilationMode,
     CUDAGraphMode,
 )
-from minivllm.config.compilation_modes import _log_once_cached
+from minivllm.config.compilation.modes import _log_once_cached
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 
 ATTN = "minivllm::unified_attention_with_output"

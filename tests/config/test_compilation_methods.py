@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minivllm.config.compilation import CompilationConfig, CompilationMode, Range
-from minivllm.config.compilation_modes import _log_once_cached
+from minivllm.config.compilation.modes import _log_once_cached
 from minivllm.platforms import CpuPlatform, override_platform
 
 ATTN = "minivllm::unified_attention_with_output"

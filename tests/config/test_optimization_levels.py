@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from minivllm.config import optimization
-from minivllm.config.compilation_modes import CUDAGraphMode
+from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.config.model import ModelConfig
 from minivllm.config.optimization import (
     OPTIMIZATION_LEVEL_TO_CONFIG,

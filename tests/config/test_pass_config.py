@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from minivllm.config.compilation_modes import _log_once_cached
-from minivllm.config.pass_config import PassConfig
+from minivllm.config.compilation.modes import _log_once_cached
+from minivllm.config.compilation.pass_config import PassConfig
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 
 MiB = 1024 * 1024

@@ -14,30 +14,30 @@ import pytest
 import torch
 
 from minivllm.config.attention import AttentionConfig, HiSparseConfig
-from minivllm.config.aux_output import AuxOutputConfig
 from minivllm.config.device import DeviceConfig
-from minivllm.config.diffusion import DiffusionConfig
-from minivllm.config.ec_manager import EncoderCacheManagerConfig
-from minivllm.config.ec_transfer import ECTransferConfig
-from minivllm.config.engram import EngramConfig
 from minivllm.config.kernel import IrOpPriorityConfig, KernelConfig
-from minivllm.config.kv_events import KVEventsConfig
-from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
-from minivllm.config.lora import LoRAConfig
-from minivllm.config.mamba import MambaBackendEnum, MambaConfig
 from minivllm.config.observability import ObservabilityConfig
-from minivllm.config.offload import OffloadConfig, UVAOffloadConfig
 from minivllm.config.profiler import ProfilerConfig
 from minivllm.config.quantization import GGUFConfig, get_quant_config
-from minivllm.config.reasoning import ReasoningConfig
-from minivllm.config.speculative import SpeculativeConfig
-from minivllm.config.structured_outputs import StructuredOutputsConfig
+from minivllm.config.unsupported.aux_output import AuxOutputConfig
+from minivllm.config.unsupported.diffusion import DiffusionConfig
+from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
+from minivllm.config.unsupported.ec_transfer import ECTransferConfig
+from minivllm.config.unsupported.engram import EngramConfig
+from minivllm.config.unsupported.kv_events import KVEventsConfig
+from minivllm.config.unsupported.kv_transfer import KVTransferConfig
+from minivllm.config.unsupported.lora import LoRAConfig
+from minivllm.config.unsupported.mamba import MambaBackendEnum, MambaConfig
+from minivllm.config.unsupported.offload import OffloadConfig, UVAOffloadConfig
+from minivllm.config.unsupported.reasoning import ReasoningConfig
+from minivllm.config.unsupported.speculative import SpeculativeConfig
+from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
+from minivllm.config.unsupported.watermark import WatermarkConfig
+from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.utils import UnsupportedFeature, non_default_fields
 from minivllm.config.vllm import VllmConfig
-from minivllm.config.watermark import WatermarkConfig
-from minivllm.config.weight_transfer import WeightTransferConfig
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 
 # (class, a non-default setting, words the error must contain, active when present)

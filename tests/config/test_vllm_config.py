@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from minivllm.config import vllm_rules as rules
-from minivllm.config.compilation_modes import CompilationMode, CUDAGraphMode
+from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode
 from minivllm.config.model import ModelConfig
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.vllm import OptimizationLevel, VllmConfig

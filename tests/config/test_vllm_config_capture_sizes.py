@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivllm.config.cudagraph_sizes import (
+from minivllm.config.compilation.cudagraph_sizes import (
     default_capture_sizes,
     uniform_decode_sizes,
 )

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from minivllm.config.compilation_modes import CUDAGraphMode
+from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.config.model import ModelConfig
 from minivllm.config.vllm import (
     VllmConfig,

@@ -10,7 +10,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from minivllm.config.attention_support import AttentionCGSupport
-from minivllm.config.compilation_modes import CompilationMode, CUDAGraphMode, log_once
+from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode, log_once
 from minivllm.logger import init_logger
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from minivllm.config.compilation_modes import CompilationMode, CUDAGraphMode
+from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode
 from minivllm.logger import init_logger
 
 if TYPE_CHECKING:

@@ -27,27 +27,27 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, TypeAdapter, field_validator
 
 from minivllm import envs
-from minivllm.config import compilation_checks as _checks
-from minivllm.config import compilation_cudagraph as _cg
 from minivllm.config.attention_support import AttentionCGSupport
-from minivllm.config.compilation_checks import (
+from minivllm.config.compilation import checks as _checks
+from minivllm.config.compilation import cudagraph as _cg
+from minivllm.config.compilation.checks import (
     BASE_CUSTOM_OPS,
     COMPILE_SIZES_FROM_CAPTURE,
     PIECEWISE_BACKENDS,
     resolve_obj_by_qualname,
 )
-from minivllm.config.compilation_legacy import migrate_legacy_fields
-from minivllm.config.compilation_modes import CompilationMode, CUDAGraphMode, log_once
-from minivllm.config.cudagraph_grids import (
+from minivllm.config.compilation.cudagraph_grids import (
     decode_cudagraph_capture_grid,
     decode_cudagraph_capture_max_tokens,
     decode_cudagraph_capture_shapes,
     prefill_cudagraph_capture_grid,
     varlen_decode_cudagraph_capture_grid,
 )
-from minivllm.config.dynamic_shapes import DynamicShapesConfig, DynamicShapesType
-from minivllm.config.pass_config import PassConfig
-from minivllm.config.splitting_ops import names_op, normalize_splitting_ops
+from minivllm.config.compilation.dynamic_shapes import DynamicShapesConfig, DynamicShapesType
+from minivllm.config.compilation.legacy import migrate_legacy_fields
+from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode, log_once
+from minivllm.config.compilation.pass_config import PassConfig
+from minivllm.config.compilation.splitting_ops import names_op, normalize_splitting_ops
 from minivllm.config.utils import config, get_hash_factors, hash_factors
 from minivllm.logger import init_logger
 from minivllm.platforms import current_platform
@@ -298,7 +298,7 @@ class CompilationConfig:
     @classmethod
     def validate_splitting_ops_before(cls, value: Any) -> Any:
         """Check op names; vLLM's attention op names become minivllm's (see
-        `minivllm.config.splitting_ops`)."""
+        `minivllm.config.compilation.splitting_ops`)."""
         if isinstance(value, list):
             return normalize_splitting_ops(value)
         return value

@@ -13,7 +13,7 @@ import logging
 
 from pydantic import Field
 
-from minivllm.config.compilation_modes import log_once
+from minivllm.config.compilation.modes import log_once
 from minivllm.config.utils import config, get_hash_factors, hash_factors
 from minivllm.logger import init_logger
 from minivllm.platforms import current_platform

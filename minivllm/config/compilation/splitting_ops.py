@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from minivllm.config.compilation_cudagraph import ATTENTION_OPS, KV_CACHE_UPDATE_OPS
+from minivllm.config.compilation.cudagraph import ATTENTION_OPS, KV_CACHE_UPDATE_OPS
 
 VLLM_OP_ALIASES: dict[str, str] = {
     **dict.fromkeys(

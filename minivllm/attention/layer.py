@@ -10,14 +10,17 @@ that the attention op consumes, which keeps the two ordered in a traced graph.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 from torch import nn
 
 from minivllm.attention.backends import get_attn_backend
-from minivllm.attention.kv_cache import is_fp8
+from minivllm.attention.forward_context import get_forward_context
 from minivllm.attention.ops import compute_kv_scale
-from minivllm.forward_context import get_forward_context
-from minivllm.model_executor.custom_op import current_vllm_config
+from minivllm.attention.paged_kv import is_fp8
+from minivllm.config.vllm_context import get_current_vllm_config_or_none
 from minivllm.torch_ops import register_op
 
 
@@ -55,7 +58,7 @@ class Attention(nn.Module):
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
             )
         self.layer_name = prefix
-        cfg = current_vllm_config()
+        cfg = get_current_vllm_config_or_none()
         cache_cfg = getattr(cfg, "cache_config", None)
         if kv_cache_dtype is None:
             kv_cache_dtype = getattr(cache_cfg, "cache_dtype", "auto")
@@ -193,3 +196,21 @@ unified_attention_with_output = register_op(
     mutates_args=("output",),
 )
 """``minivllm::unified_attention_with_output``: attention written into ``output``."""
+
+
+def get_attention_layers(model: nn.Module) -> dict[str, Any]:
+    """Attention layers of ``model`` by layer name, in construction order.
+
+    This is what the forward context's ``no_compile_layers`` must contain when
+    no `VllmConfig` was current at construction (the config's
+    ``static_forward_context`` holds the same mapping otherwise).
+    """
+    return {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
+
+
+def bind_kv_caches(layers: Mapping[str, Any], kv_caches: Sequence[torch.Tensor]) -> None:
+    """Give each attention layer its cache tensor, in layer order."""
+    if len(layers) != len(kv_caches):
+        raise ValueError(f"{len(layers)} attention layers but {len(kv_caches)} KV cache tensors")
+    for layer, cache in zip(layers.values(), kv_caches, strict=True):
+        layer.kv_cache = cache

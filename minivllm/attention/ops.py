@@ -1,14 +1,14 @@
 """Paged KV cache primitives: quantize, write tokens to slots, gather a context.
 
 Plain torch, device-agnostic.  The cache layout is described in
-`minivllm.attention.kv_cache`.
+`minivllm.attention.paged_kv`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minivllm.attention.kv_cache import is_fp8
+from minivllm.attention.paged_kv import is_fp8
 
 
 def fp8_max(dtype: torch.dtype) -> float:

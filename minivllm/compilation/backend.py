@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
@@ -25,7 +25,11 @@ from minivllm.compilation.counter import compilation_counter
 from minivllm.compilation.passes import run_passes
 from minivllm.compilation.piecewise import PiecewiseBackend
 from minivllm.compilation.split import SplitItem, split_graph
+from minivllm.config.compilation import CompilationMode, resolve_obj_by_qualname
 from minivllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
 
 logger = init_logger(__name__)
 
@@ -164,3 +168,36 @@ def _cache_disabled() -> bool:
 
 
 __all__ = ["VllmBackend"]
+
+
+def init_backend(
+    vllm_config: VllmConfig,
+    prefix: str = "",
+    is_encoder: bool = False,
+    use_aot_compile: bool = True,
+) -> str | Callable[..., Any]:
+    """The torch.compile backend of ``vllm_config.compilation_config`` (vLLM's
+    ``CompilationConfig.init_backend``; here, since the config layer sits below the
+    compiler): a backend name or callable for modes 1 and 2, minivllm's piecewise
+    `VllmBackend` for VLLM_COMPILE.  ``prefix`` names this module's cache directory;
+    ``is_encoder`` marks a multimodal encoder; ``use_aot_compile`` lets VLLM_COMPILE
+    save the Dynamo trace with the compile cache (`minivllm.compilation.aot`)."""
+    cc = vllm_config.compilation_config
+    if cc.mode is None:
+        raise ValueError(
+            "No compilation mode is set; build the config through VllmConfig, which "
+            "chooses one, or set mode explicitly."
+        )
+    if cc.mode == CompilationMode.NONE:
+        raise ValueError("Compilation mode is NONE: there is no backend to initialize.")
+    if cc.mode in (CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE):
+        from torch._dynamo.backends.registry import list_backends
+
+        if cc.backend in list_backends(exclude_tags=()):
+            return cc.backend
+        return resolve_obj_by_qualname(cc.backend)
+    if cc.backend not in ("eager", "inductor"):
+        logger.info("Using the custom backend %r for compilation.", cc.backend)
+    return VllmBackend(
+        vllm_config, prefix=prefix, is_encoder=is_encoder, use_aot_compile=use_aot_compile
+    )

@@ -27,7 +27,7 @@ from torch import nn
 
 from minivllm import envs
 from minivllm.compilation.aot import AotForward, CanonicalBackend
-from minivllm.compilation.backend import VllmBackend
+from minivllm.compilation.backend import VllmBackend, init_backend
 from minivllm.compilation.counter import compilation_counter
 from minivllm.config.compilation.dynamic_shapes import DynamicShapesType
 from minivllm.config.compilation.modes import CompilationMode
@@ -88,7 +88,7 @@ class ModelForward:
         strict = cc.dynamic_shapes_config.evaluate_guards
         # A saved trace runs without guards, so evaluate_guards rules it out.
         allow_aot = envs.use_aot_compile() and not strict
-        self.backend = cc.init_backend(vllm_config, prefix=prefix, use_aot_compile=allow_aot)
+        self.backend = init_backend(vllm_config, prefix=prefix, use_aot_compile=allow_aot)
         trace_once = self.mode != CompilationMode.STOCK_TORCH_COMPILE
         backend = self.backend
         forward = _private_forward(model)

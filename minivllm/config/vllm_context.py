@@ -33,22 +33,16 @@ _current_prefix: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 @contextmanager
 def set_current_vllm_config(
-    vllm_config: VllmConfig, check_compile: bool = False, prefix: str | None = None
+    vllm_config: VllmConfig, prefix: str | None = None
 ) -> Iterator[VllmConfig]:
     """Make ``vllm_config`` the current config inside the block (model construction).
 
-    ``prefix`` names the model being built (e.g. a draft model).  With
-    ``check_compile``, the custom-op settings are checked against the ops the model
-    actually instantiated once the block exits without an error.
+    ``prefix`` names the model being built (e.g. a draft model).
     """
     config_token = _current_vllm_config.set(vllm_config)
     prefix_token = _current_prefix.set(prefix)
     try:
         yield vllm_config
-        if check_compile:
-            check = getattr(vllm_config.compilation_config, "custom_op_log_check", None)
-            if callable(check):
-                check()
     finally:
         _current_prefix.reset(prefix_token)
         _current_vllm_config.reset(config_token)

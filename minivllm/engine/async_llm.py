@@ -29,7 +29,7 @@ from minivllm.engine.llm_engine import LLMEngine, PromptInput
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
-from minivllm.scheduler.scheduler import SchedulerStats
+from minivllm.stats import SchedulerStats
 
 logger = init_logger(__name__)
 

@@ -17,7 +17,8 @@ from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler.request import Request, RequestStatus
-from minivllm.scheduler.scheduler import Scheduler, SchedulerStats
+from minivllm.scheduler.scheduler import Scheduler
+from minivllm.stats import SchedulerStats
 
 logger = init_logger(__name__)
 

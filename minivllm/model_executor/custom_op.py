@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from minivllm.config.vllm_context import get_current_vllm_config_or_none
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -25,22 +26,9 @@ op_registry: dict[str, type[CustomOp]] = {}
 """Every CustomOp class by its name (filled at import by `CustomOp.register`)."""
 
 
-def current_vllm_config() -> Any | None:
-    """The `VllmConfig` made current with ``set_current_vllm_config``, or None.
-
-    Imported lazily: the config package sits in another layer and the model code
-    must also work standalone (tests, scripts) with no config at all.
-    """
-    try:
-        from minivllm.config.vllm_context import get_current_vllm_config_or_none
-    except ImportError:
-        return None
-    return get_current_vllm_config_or_none()
-
-
 def current_compilation_config() -> Any | None:
     """The compilation config of the current `VllmConfig`, or None when none is set."""
-    cfg = current_vllm_config()
+    cfg = get_current_vllm_config_or_none()
     return None if cfg is None else cfg.compilation_config
 
 

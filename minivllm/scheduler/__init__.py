@@ -8,7 +8,7 @@ from minivllm.scheduler.output import (
     SchedulerOutput,
 )
 from minivllm.scheduler.request import Request, RequestStatus
-from minivllm.scheduler.scheduler import Scheduler, SchedulerStats
+from minivllm.scheduler.scheduler import Scheduler
 
 __all__ = [
     "CachedRequestData",
@@ -19,5 +19,4 @@ __all__ = [
     "RequestStatus",
     "Scheduler",
     "SchedulerOutput",
-    "SchedulerStats",
 ]

@@ -15,7 +15,6 @@ generated.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from minivllm.kv_cache.manager import KVCacheManager
@@ -29,24 +28,9 @@ from minivllm.scheduler.output import (
 )
 from minivllm.scheduler.request import Request, RequestStatus, check_stop
 from minivllm.scheduler.request_queue import SCHEDULING_POLICIES, make_request_queue
+from minivllm.stats import SchedulerStats
 
 logger = init_logger(__name__)
-
-
-@dataclass
-class SchedulerStats:
-    """A snapshot for metrics; the prefix-cache and preemption counts are cumulative."""
-
-    num_running_reqs: int
-    num_waiting_reqs: int
-    kv_cache_usage: float
-    """Fraction of KV blocks held by requests."""
-    prefix_cache_requests: int
-    prefix_cache_queries: int
-    """Tokens looked up in the prefix cache."""
-    prefix_cache_hits: int
-    """Tokens found in the prefix cache."""
-    num_preemptions: int
 
 
 class Scheduler:

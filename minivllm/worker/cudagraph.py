@@ -21,17 +21,12 @@ from typing import Any
 
 import torch
 
+from minivllm.attention.forward_context import get_forward_context, is_forward_context_available
 from minivllm.compilation.counter import compilation_counter
 from minivllm.config.compilation.modes import CUDAGraphMode
-from minivllm.forward_context import get_forward_context, is_forward_context_available
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
-
-RUNTIME_MODE_KEY = "cudagraph_runtime_mode"
-"""Key of the dispatched `CUDAGraphMode` in ``ForwardContext.extra``."""
-NUM_TOKENS_KEY = "num_padded_tokens"
-"""Key of the (padded) token count of the step in ``ForwardContext.extra``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +113,8 @@ class GraphPool:
 def _runtime_mode() -> tuple[CUDAGraphMode, int | None]:
     if not is_forward_context_available():
         return CUDAGraphMode.NONE, None
-    extra = get_forward_context().extra
-    return extra.get(RUNTIME_MODE_KEY, CUDAGraphMode.NONE), extra.get(NUM_TOKENS_KEY)
+    ctx = get_forward_context()
+    return ctx.cudagraph_runtime_mode, ctx.num_padded_tokens
 
 
 @dataclasses.dataclass
@@ -230,8 +225,6 @@ def timer() -> float:
 
 
 __all__ = [
-    "NUM_TOKENS_KEY",
-    "RUNTIME_MODE_KEY",
     "BatchDescriptor",
     "CudagraphDispatcher",
     "FullCudaGraphRunner",

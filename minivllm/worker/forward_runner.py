@@ -17,15 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm.attention.forward_context import set_forward_context
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.compilation.backend import VllmBackend
 from minivllm.compilation.wrapper import ModelForward, build_model_forward
 from minivllm.config.compilation.modes import CUDAGraphMode
-from minivllm.forward_context import set_forward_context
 from minivllm.logger import init_logger
 from minivllm.worker.cudagraph import (
-    NUM_TOKENS_KEY,
-    RUNTIME_MODE_KEY,
     BatchDescriptor,
     CudagraphDispatcher,
     FullCudaGraphRunner,
@@ -198,8 +196,8 @@ class ForwardRunner:
                     self._ids[:size].zero_()
                     self._pos[:size].zero_()
                     with set_forward_context(None, self.attn_layers) as ctx:
-                        ctx.extra[RUNTIME_MODE_KEY] = CUDAGraphMode.PIECEWISE
-                        ctx.extra[NUM_TOKENS_KEY] = size
+                        ctx.cudagraph_runtime_mode = CUDAGraphMode.PIECEWISE
+                        ctx.num_padded_tokens = size
                         self.model_forward(self._ids[:size], self._pos[:size])
         finally:
             for w in self._piece_wrappers:
@@ -225,8 +223,8 @@ class ForwardRunner:
 
     def _full_forward(self, size: int, uniform: bool) -> torch.Tensor:
         with set_forward_context(self._static_metadata(size), self.attn_layers) as ctx:
-            ctx.extra[RUNTIME_MODE_KEY] = CUDAGraphMode.FULL
-            ctx.extra[NUM_TOKENS_KEY] = size
+            ctx.cudagraph_runtime_mode = CUDAGraphMode.FULL
+            ctx.num_padded_tokens = size
             return self.model_forward(self._ids[:size], self._pos[:size])
 
     def _fill_full_buffers(self, md: AttentionMetadata | None, size: int) -> None:
@@ -277,8 +275,8 @@ class ForwardRunner:
         else:
             ids, pos, md = pad_step_inputs(input_ids, positions, md, padded)
         with set_forward_context(md, self.attn_layers) as ctx:
-            ctx.extra[RUNTIME_MODE_KEY] = CUDAGraphMode.PIECEWISE
-            ctx.extra[NUM_TOKENS_KEY] = padded
+            ctx.cudagraph_runtime_mode = CUDAGraphMode.PIECEWISE
+            ctx.num_padded_tokens = padded
             return self.model_forward(ids, pos)[:n]
 
 

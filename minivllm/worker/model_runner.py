@@ -12,15 +12,15 @@ from typing import Any
 
 import torch
 
-from minivllm.attention.kv_cache import (
+from minivllm.attention.layer import bind_kv_caches, get_attention_layers
+from minivllm.attention.paged_kv import (
     allocate_kv_caches,
-    bind_kv_caches,
-    get_attention_layers,
     kv_cache_bytes_per_block,
     resolve_kv_cache_dtype,
 )
 from minivllm.config.vllm_context import set_current_vllm_config
 from minivllm.logger import init_logger
+from minivllm.model_executor.custom_op import op_registry
 from minivllm.model_executor.layers.cpu_gemm import pack_linear_weights
 from minivllm.model_executor.loader import load_model
 from minivllm.sample.logprobs import compute_prompt_logprobs
@@ -60,6 +60,8 @@ class ModelRunner:
             self.model = load_model(
                 mc.model, mc.hf_config, self.dtype, load_format=load_format, device=self.device
             )
+        # Warn about custom_ops entries that named no op of this model.
+        self.vllm_config.compilation_config.custom_op_log_check(op_registry)
         self.model.eval()
         packed = pack_linear_weights(self.model, self.device, self.dtype)
         if packed:

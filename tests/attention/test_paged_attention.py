@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minivllm.attention.kv_cache import (
+from minivllm.attention.forward_context import set_forward_context
+from minivllm.attention.layer import Attention
+from minivllm.attention.paged_kv import (
     allocate_kv_caches,
     build_attention_metadata,
     kv_cache_bytes_per_block,
     resolve_kv_cache_dtype,
 )
-from minivllm.attention.layer import Attention
-from minivllm.forward_context import set_forward_context
 
 NH, NKV, HD = 4, 2, 16
 

@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     import torch
     from minivllm.attention.backends.cpu_sdpa import CpuSdpaBackend
     from minivllm.attention.backends.triton_paged import TritonPagedBackend
-    from minivllm.attention.kv_cache import build_attention_metadata
+    from minivllm.attention.paged_kv import build_attention_metadata
 
     nh, nkv, hd, bs = 8, 2, {head_dim}, 16
 

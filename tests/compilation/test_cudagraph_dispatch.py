@@ -9,11 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minivllm.attention.kv_cache import (
-    allocate_kv_caches,
-    bind_kv_caches,
-    build_attention_metadata,
-)
+from minivllm.attention.layer import bind_kv_caches
+from minivllm.attention.paged_kv import allocate_kv_caches, build_attention_metadata
 from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.worker.cudagraph import BatchDescriptor, CudagraphDispatcher
@@ -77,9 +74,9 @@ def test_pad_step_inputs_marks_padding_slots() -> None:
 @torch.inference_mode()
 def test_padded_run_equals_unpadded_and_writes_no_padding(tiny_llama: Path) -> None:
     """A dispatcher that pads (fake capture: nothing is captured on CPU) changes nothing."""
-    from minivllm.attention.kv_cache import get_attention_layers
+    from minivllm.attention.forward_context import set_forward_context
+    from minivllm.attention.layer import get_attention_layers
     from minivllm.config.vllm_context import set_current_vllm_config
-    from minivllm.forward_context import set_forward_context
     from minivllm.model_executor.loader import load_model
 
     cfg = EngineArgs(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
-import types
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivllm.config.compilation import CompilationConfig, CompilationMode, Range
+from minivllm.config.compilation import CompilationConfig, Range
 from minivllm.config.compilation.modes import _log_once_cached
 from minivllm.platforms import CpuPlatform, override_platform
 
@@ -175,45 +173,3 @@ def test_splitting_ops_contain_kv_cache_update() -> None:
 )
 def test_is_attention_compiled_piecewise(kwargs: dict[str, Any], expected: bool) -> None:
     assert CompilationConfig(**kwargs).is_attention_compiled_piecewise() is expected
-
-
-# -- init_backend ------------------------------------------------------------------------
-VLLM_CONFIG = types.SimpleNamespace(compilation_config=None)
-
-
-def test_init_backend_needs_a_mode() -> None:
-    with pytest.raises(ValueError, match="No compilation mode is set"):
-        CompilationConfig().init_backend(VLLM_CONFIG)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="NONE"):
-        CompilationConfig(mode=0).init_backend(VLLM_CONFIG)  # type: ignore[arg-type]
-
-
-def custom_backend(graph: Any, example_inputs: Any) -> Any:
-    """A stand-in torch.compile backend."""
-    return graph
-
-
-@pytest.mark.parametrize("mode", [1, 2])
-def test_init_backend_for_whole_graph_modes(mode: int) -> None:
-    assert CompilationConfig(mode=mode, backend="eager").init_backend(VLLM_CONFIG) == "eager"  # type: ignore[arg-type]
-    qualname = f"{__name__}.custom_backend"
-    backend = CompilationConfig(mode=mode, backend=qualname).init_backend(VLLM_CONFIG)  # type: ignore[arg-type]
-    assert backend is custom_backend
-
-
-def test_init_backend_for_vllm_compile(monkeypatch: pytest.MonkeyPatch) -> None:
-    created: list[tuple[Any, dict[str, Any]]] = []
-
-    class FakeBackend:
-        def __init__(self, vllm_config: Any, **kwargs: Any) -> None:
-            created.append((vllm_config, kwargs))
-
-    module = types.ModuleType("minivllm.compilation.backend")
-    module.VllmBackend = FakeBackend  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "minivllm.compilation.backend", module)
-    cfg = CompilationConfig(mode=CompilationMode.VLLM_COMPILE)
-    backend = cfg.init_backend(VLLM_CONFIG, prefix="enc", is_encoder=True)  # type: ignore[arg-type]
-    assert isinstance(backend, FakeBackend)
-    assert created == [
-        (VLLM_CONFIG, {"prefix": "enc", "is_encoder": True, "use_aot_compile": True})
-    ]

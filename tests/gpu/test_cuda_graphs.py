@@ -48,7 +48,7 @@ def captured(llm: Any) -> int:
 def test_triton_backend_matches_sdpa() -> None:
     from minivllm.attention.backends.cpu_sdpa import CpuSdpaBackend
     from minivllm.attention.backends.triton_paged import TritonPagedBackend
-    from minivllm.attention.kv_cache import build_attention_metadata
+    from minivllm.attention.paged_kv import build_attention_metadata
 
     torch.manual_seed(0)
     nh, nkv, hd, bs = 8, 2, 64, 16

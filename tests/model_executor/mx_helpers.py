@@ -7,13 +7,9 @@ import random
 import torch
 from torch import nn
 
-from minivllm.attention.kv_cache import (
-    allocate_kv_caches,
-    bind_kv_caches,
-    build_attention_metadata,
-    get_attention_layers,
-)
-from minivllm.forward_context import set_forward_context
+from minivllm.attention.forward_context import set_forward_context
+from minivllm.attention.layer import bind_kv_caches, get_attention_layers
+from minivllm.attention.paged_kv import allocate_kv_caches, build_attention_metadata
 
 
 class PagedRunner:

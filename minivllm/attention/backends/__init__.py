@@ -19,9 +19,9 @@ def _cuda_default() -> Any | None:
         from minivllm.attention.backends.triton_paged import TritonPagedBackend, supports
     except ImportError:
         return None
-    from minivllm.model_executor.custom_op import current_vllm_config
+    from minivllm.config.vllm_context import get_current_vllm_config_or_none
 
-    cfg = current_vllm_config()
+    cfg = get_current_vllm_config_or_none()
     block_size = getattr(getattr(cfg, "cache_config", None), "block_size", None) or 16
     return TritonPagedBackend() if supports(block_size) else None
 
@@ -34,11 +34,11 @@ def get_attn_backend(name: str | None = None) -> Any:
     backend (plain torch, any device).
     """
     from minivllm.config.attention import canonical_backend
-    from minivllm.model_executor.custom_op import current_vllm_config
+    from minivllm.config.vllm_context import get_current_vllm_config_or_none
     from minivllm.platforms import current_platform
 
     if name is None:
-        attention_config = getattr(current_vllm_config(), "attention_config", None)
+        attention_config = getattr(get_current_vllm_config_or_none(), "attention_config", None)
         name = getattr(attention_config, "backend", None)
     if name is None:
         backend = _cuda_default()

@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from minivllm.attention.backends.cpu_sdpa import CpuSdpaBackend
-from minivllm.attention.kv_cache import is_fp8
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.attention.paged_kv import is_fp8
 
 
 @triton.jit

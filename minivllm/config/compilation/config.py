@@ -53,7 +53,7 @@ from minivllm.logger import init_logger
 from minivllm.platforms import current_platform
 
 if TYPE_CHECKING:
-    from minivllm.config.vllm import VllmConfig
+    pass
 
 logger = init_logger(__name__)
 
@@ -386,40 +386,6 @@ class CompilationConfig:
     __str__ = __repr__
 
     # -- methods used by VllmConfig and the compilation backend ---------------------
-    def init_backend(
-        self,
-        vllm_config: VllmConfig,
-        prefix: str = "",
-        is_encoder: bool = False,
-        use_aot_compile: bool = True,
-    ) -> str | Callable[..., Any]:
-        """The torch.compile backend to use: a backend name or callable for modes 1 and 2,
-        minivllm's piecewise backend for VLLM_COMPILE. ``prefix`` names this module's
-        cache directory; ``is_encoder`` marks a multimodal encoder; ``use_aot_compile``
-        lets VLLM_COMPILE save the Dynamo trace with the compile cache so that later
-        starts load it instead of tracing (`minivllm.compilation.aot`)."""
-        if self.mode is None:
-            raise ValueError(
-                "No compilation mode is set; build the config through VllmConfig, which "
-                "chooses one, or set mode explicitly."
-            )
-        if self.mode == CompilationMode.NONE:
-            raise ValueError("Compilation mode is NONE: there is no backend to initialize.")
-        if self.mode in (CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE):
-            from torch._dynamo.backends.registry import list_backends
-
-            if self.backend in list_backends(exclude_tags=()):
-                return self.backend
-            return resolve_obj_by_qualname(self.backend)
-
-        if self.backend not in ("eager", "inductor"):
-            logger.info("Using the custom backend %r for compilation.", self.backend)
-        from minivllm.compilation.backend import VllmBackend
-
-        return VllmBackend(
-            vllm_config, prefix=prefix, is_encoder=is_encoder, use_aot_compile=use_aot_compile
-        )
-
     def post_init_cudagraph_sizes(self) -> None:
         """Finish the sizes once the capture sizes are known: expand `compile_sizes`
         (de-duplicated, ascending) and sort `cudagraph_capture_sizes`."""
@@ -479,14 +445,15 @@ class CompilationConfig:
     def custom_op_log_check(self, op_registry: Collection[str] | None = None) -> None:
         """Log the custom ops the model enabled/disabled, and warn about entries of
         `custom_ops` that name no op of the model. ``op_registry`` (all registered op
-        names) tells a missing op from one this model does not use."""
+        names; the model runner passes them after building the model) tells a missing
+        op from one this model does not use."""
         if len(self.enabled_custom_ops) + len(self.disabled_custom_ops) == 0:
             logger.debug("No custom ops found in model.")
             return
         logger.debug("enabled custom ops: %s", self.enabled_custom_ops)
         logger.debug("disabled custom ops: %s", self.disabled_custom_ops)
         if op_registry is None:
-            op_registry = _registered_custom_ops()
+            op_registry = ()
         in_model = self.enabled_custom_ops | self.disabled_custom_ops
         for op in self.custom_ops:
             if op in BASE_CUSTOM_OPS:
@@ -540,14 +507,6 @@ def _readable(value: Any) -> Any:
     if isinstance(value, PurePath):
         return str(value)
     return value
-
-
-def _registered_custom_ops() -> Collection[str]:
-    try:
-        from minivllm.model_executor.custom_op import op_registry
-    except ImportError:
-        return ()
-    return op_registry
 
 
 _ADAPTER: TypeAdapter[CompilationConfig] = TypeAdapter(CompilationConfig)

@@ -17,7 +17,7 @@ from minivllm.engine.async_llm import (
 )
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
-from minivllm.scheduler.scheduler import SchedulerStats
+from minivllm.stats import SchedulerStats
 
 
 class FakeEngine:

@@ -1,4 +1,4 @@
-"""Allocation of the paged KV cache tensors and their binding to attention layers.
+"""Layout, allocation and per-step metadata of the paged KV cache tensors.
 
 Per layer the cache is one tensor ``[2, num_blocks, block_size, num_kv_heads, head_dim]``
 (index 0 holds keys, 1 values).  A token in slot ``s`` lives in block
@@ -7,11 +7,9 @@ Per layer the cache is one tensor ``[2, num_blocks, block_size, num_kv_heads, he
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
-from torch import nn
 
 from minivllm.attention.metadata import AttentionMetadata
 
@@ -87,26 +85,6 @@ def allocate_kv_caches(
         )
     shape = kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-
-
-def get_attention_layers(model: nn.Module) -> dict[str, Any]:
-    """Attention layers of ``model`` by layer name, in construction order.
-
-    This is what the forward context's ``no_compile_layers`` must contain when
-    no `VllmConfig` was current at construction (the config's
-    ``static_forward_context`` holds the same mapping otherwise).
-    """
-    from minivllm.attention.layer import Attention
-
-    return {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
-
-
-def bind_kv_caches(layers: Mapping[str, Any], kv_caches: Sequence[torch.Tensor]) -> None:
-    """Give each attention layer its cache tensor, in layer order."""
-    if len(layers) != len(kv_caches):
-        raise ValueError(f"{len(layers)} attention layers but {len(kv_caches)} KV cache tensors")
-    for layer, cache in zip(layers.values(), kv_caches, strict=True):
-        layer.kv_cache = cache
 
 
 def build_attention_metadata(

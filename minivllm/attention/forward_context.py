@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.config.compilation.modes import CUDAGraphMode
 
 
 @dataclass
@@ -25,7 +26,12 @@ class ForwardContext:
     """None during a dummy/profiling run with no KV writes."""
     no_compile_layers: dict[str, Any] = field(default_factory=dict)
     """Attention layers by name (``CompilationConfig.static_forward_context``)."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
+    """The graph mode the dispatcher chose for this step: PIECEWISE tells the
+    piecewise wrappers to replay (or capture) their graph, FULL marks a whole-forward
+    capture, NONE runs eagerly."""
+    num_padded_tokens: int | None = None
+    """The step's token count after padding to a capture size (None: no padding)."""
 
 
 _current: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(

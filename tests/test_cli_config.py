@@ -231,3 +231,118 @@ def test_vllm_parallel_flags_minivllm_refuses(
 def test_vllm_parallel_flags_at_their_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     explained = explain_json(capsys, "--nnodes", "1", "--master-addr", "127.0.0.1")
     assert explained["parallel_config.nnodes"] == {"value": 1, "source": "user"}
+
+
+# ----------------------------------------------------------------------------
+# Attention backend and CUDA graphs: the resolved mode is the one that runs
+# ----------------------------------------------------------------------------
+def test_explain_cpu_names_the_platform_as_the_reason_for_no_graphs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    explained = explain_json(capsys, "--platform", "cpu")
+    graphs = explained["compilation_config.cudagraph_mode"]
+    assert graphs["value"] == "NONE" and graphs["source"] == "platform"
+    assert graphs["reason"] == (
+        "cudagraph_mode FULL_AND_PIECEWISE -> NONE: CpuPlatform() has no CUDA graphs "
+        "(no static graph mode)"
+    )
+    backend = explained["attention_config.backend"]
+    assert backend["value"] == "CPU_SDPA" and backend["source"] == "platform"
+    assert backend["rule"] == "choose_attention_backend"
+
+
+def test_explain_cuda_with_sdpa_reports_the_piecewise_downgrade(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    explained = explain_json(capsys, "--platform", "cuda:9.0", "-O3", "-ac.backend=CPU_SDPA")
+    assert explained["attention_config.backend"] == {"value": "CPU_SDPA", "source": "user"}
+    assert explained["compilation_config.cudagraph_mode"] == {
+        "value": "PIECEWISE",
+        "source": "rule",
+        "rule": "resolve_cudagraph_mode_and_sizes",
+        "reason": "cudagraph_mode FULL_AND_PIECEWISE -> PIECEWISE: attention backend CPU_SDPA "
+        "has CUDA graph support NEVER (no full graphs; piecewise ones at most)",
+    }
+    # Piecewise graphs are still captured, at the usual sizes.
+    assert len(explained["compilation_config.cudagraph_capture_sizes"]["value"]) == 51
+
+
+def test_explain_cuda_with_triton_keeps_full_graphs(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in ([], ["-ac.backend=TRITON_PAGED"]):
+        explained = explain_json(capsys, "--platform", "cuda:9.0", "-O3", *argv)
+        assert explained["attention_config.backend"]["value"] == "TRITON_PAGED"
+        graphs = explained["compilation_config.cudagraph_mode"]
+        assert graphs == {
+            "value": "FULL_AND_PIECEWISE",
+            "source": "level",
+            "rule": "_apply_optimization_level_defaults",
+            "reason": "cudagraph_mode None -> FULL_AND_PIECEWISE: default of -O3",
+        }
+    backend = explain_json(capsys, "--platform", "cuda:9.0")["attention_config.backend"]
+    assert backend["source"] == "platform" and "when triton is installed" in backend["reason"]
+
+
+def test_explain_cuda_without_triton_defaults_to_sdpa_and_piecewise(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("minivllm.platforms.cuda.triton_available", lambda: False)
+    explained = explain_json(capsys, "--platform", "cuda:9.0", "-O3")
+    backend = explained["attention_config.backend"]
+    assert backend["value"] == "CPU_SDPA" and backend["source"] == "platform"
+    assert "triton is not installed" in backend["reason"]
+    graphs = explained["compilation_config.cudagraph_mode"]
+    assert graphs["value"] == "PIECEWISE" and "CPU_SDPA" in graphs["reason"]
+    status, out, err = run_main(
+        capsys, "config", "--platform", "cuda:9.0", "-ac.backend=TRITON_PAGED"
+    )
+    assert status == 2 and out == "" and "needs the triton package" in err, err
+
+
+def test_explain_cpu_device_on_a_cuda_platform_runs_without_graphs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    explained = explain_json(capsys, "--platform", "cuda:9.0", "--device", "cpu")
+    graphs = explained["compilation_config.cudagraph_mode"]
+    assert graphs["value"] == "NONE" and graphs["rule"] == "device_type"
+    assert graphs["reason"] == (
+        "cudagraph_mode FULL_AND_PIECEWISE -> NONE: the device is cpu, and CUDA graphs "
+        "need a CUDA device"
+    )
+    assert explained["compilation_config.cudagraph_capture_sizes"]["value"] == []
+    backend = explained["attention_config.backend"]
+    assert backend["value"] == "CPU_SDPA" and "the device is cpu" in backend["reason"]
+
+
+def test_explain_sdpa_without_piecewise_compile_runs_without_graphs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    explained = explain_json(
+        capsys, "--platform", "cuda:9.0", "-cc.mode=0", "-cc.cudagraph_mode=FULL_DECODE_ONLY",
+        "-ac.backend=CPU_SDPA",
+    )  # fmt: skip
+    graphs = explained["compilation_config.cudagraph_mode"]
+    assert graphs["value"] == "NONE" and graphs["rule"] == "resolve_cudagraph_mode_and_sizes"
+    assert graphs["reason"].startswith("cudagraph_mode FULL_DECODE_ONLY -> NONE: attention")
+    sizes = explained["compilation_config.cudagraph_capture_sizes"]
+    assert sizes["value"] == [] and sizes["rule"] == "resolve_cudagraph_mode_and_sizes"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (
+            ["-cc.cudagraph_mode=FULL", "-ac.backend=CPU_SDPA"],
+            ["FULL is not supported with the CPU_SDPA attention backend", "PIECEWISE"],
+        ),
+        (
+            ["--device", "cpu", "-ac.backend=TRITON_PAGED"],
+            ["TRITON_PAGED runs on CUDA devices only", "-ac.backend=CPU_SDPA"],
+        ),
+    ],
+)
+def test_graphs_the_attention_backend_cannot_run_are_refused(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needles: list[str]
+) -> None:
+    status, out, err = run_main(capsys, "config", "--platform", "cuda:9.0", *argv)
+    assert status == 2 and out == "" and err.count("\n") == 1
+    assert all(n in err for n in needles), err

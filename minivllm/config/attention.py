@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from minivllm.config.attention_support import AttentionCGSupport
 from minivllm.config.utils import UnsupportedFeature, config, get_hash_factors, hash_factors
 
 
@@ -37,6 +38,15 @@ ATTENTION_BACKENDS: dict[str, str] = {
     "TRITON_PAGED": "Triton paged-attention kernels, CUDA only, CUDA-graph safe",
 }
 """minivllm's attention backends (names as `AttentionConfig.backend` takes them)."""
+
+ATTENTION_CG_SUPPORT: dict[str, AttentionCGSupport] = {
+    "CPU_SDPA": AttentionCGSupport.NEVER,
+    "TRITON_PAGED": AttentionCGSupport.ALWAYS,
+}
+"""How far each backend can be captured in full CUDA graphs. SDPA plans each step on
+the host (Python lists of requests), so it only runs between piecewise graphs; the
+Triton kernels read everything from device tensors, so any batch can be captured.
+`VllmConfig` resolution downgrades ``cudagraph_mode`` to what the backend allows."""
 
 BACKEND_ALIASES: dict[str, str] = {
     "CPU_ATTN": "CPU_SDPA",
@@ -72,7 +82,9 @@ class AttentionConfig:
     """Attention backend: "CPU_SDPA" (PyTorch SDPA over the paged KV cache, any device)
     or "TRITON_PAGED" (Triton kernels, CUDA only); vLLM's names CPU_ATTN / TORCH_SDPA and
     TRITON_ATTN mean these, other vLLM backends are refused. None lets the platform
-    choose: TRITON_PAGED on CUDA, CPU_SDPA elsewhere."""
+    choose (TRITON_PAGED on a CUDA device when triton is installed, else CPU_SDPA);
+    `VllmConfig` resolution records its choice here, so a resolved config names the
+    backend that runs."""
     flash_attn_version: int | None = None
     """FlashAttention version to force. Unsupported (no FlashAttention)."""
     use_prefill_decode_attention: bool = False

@@ -1,7 +1,9 @@
 """How far an attention backend supports full CUDA graphs.
 
 `CompilationConfig.resolve_cudagraph_mode_and_sizes` downgrades the requested
-`CUDAGraphMode` to what the weakest attention backend in the model allows.
+`CUDAGraphMode` to what the weakest attention backend in the model allows;
+`VllmConfig` resolution calls it with the level of the backend that will run
+(`minivllm.config.attention.ATTENTION_CG_SUPPORT`).
 """
 
 from __future__ import annotations

@@ -272,6 +272,7 @@ class VllmConfig(VllmConfigDerived):
             self._normalize_piecewise_cudagraph_mode(breakable_cudagraph_enabled=breakable)
         with self._step("rule", "fast_moe_cold_start", "superseded on torch >= 2.11"):
             rules.resolve_fast_moe_cold_start(self)
+        self._resolve_attention_backend()
         self._resolve_static_graphs()
         self._warn_unused_settings()
         with self._step("platform", "check_and_update_config", self._platform_why()):
@@ -287,6 +288,11 @@ class VllmConfig(VllmConfigDerived):
                 # Data parallelism only couples the ranks' graphs for MoE models.
                 data_parallel_size=self._effective_dp_size(),
             )
+        backend = self.attention_config.backend
+        assert backend is not None, "_resolve_attention_backend chose one"
+        why = rules.attention_cudagraph_why(backend)
+        with self._step("rule", "resolve_cudagraph_mode_and_sizes", why):
+            rules.apply_attention_cudagraph_support(self)
         rules.check_final_cudagraph_mode(self, breakable)
         with self._step("rule", "hybrid_kv_cache_manager", self._hma_why()):
             rules.resolve_hybrid_kv_cache_manager(self)
@@ -320,11 +326,27 @@ class VllmConfig(VllmConfigDerived):
             return f"{current_platform!r} has no hybrid KV cache support"
         return "hybrid KV cache manager default"
 
+    def _resolve_attention_backend(self) -> None:
+        """Check the user's attention backend, or record the one the platform runs."""
+        attention = self.attention_config
+        device_type = self.device_config.device_type
+        if attention.backend is not None:
+            current_platform.check_attention_backend(attention.backend, device_type)
+            return
+        choice = current_platform.choose_attention_backend(device_type)
+        with self._step("platform", "choose_attention_backend", choice.reason):
+            attention.backend = choice.name
+
     def _resolve_static_graphs(self) -> None:
         if not current_platform.support_static_graph_mode():
-            with self._step(
-                "platform", "support_static_graph_mode", "this platform has no static graph mode"
-            ):
+            why = f"{current_platform!r} has no CUDA graphs (no static graph mode)"
+            with self._step("platform", "support_static_graph_mode", why):
+                rules.disable_static_graphs(self)
+            return
+        device_type = self.device_config.device_type
+        if device_type != "cuda":
+            why = f"the device is {device_type}, and CUDA graphs need a CUDA device"
+            with self._step("rule", "device_type", why):
                 rules.disable_static_graphs(self)
             return
         with self._step("rule", "cudagraph_mode_for_model", "unsupported by this kind of model"):

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minivllm import envs
+from minivllm.config.attention import ATTENTION_CG_SUPPORT
+from minivllm.config.attention_support import AttentionCGSupport
 from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode
 from minivllm.config.optimization import OptimizationLevel
 from minivllm.logger import init_logger
@@ -239,6 +241,39 @@ def disable_static_graphs(cfg: VllmConfig) -> None:
     cc.post_init_cudagraph_sizes()
 
 
+def attention_cudagraph_why(backend: str) -> str:
+    """Why `apply_attention_cudagraph_support` changes the graph mode for ``backend``."""
+    support = ATTENTION_CG_SUPPORT[backend]
+    what = {
+        AttentionCGSupport.NEVER: "no full graphs; piecewise ones at most",
+        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE: "full graphs of 1-token decodes only",
+        AttentionCGSupport.UNIFORM_BATCH: "full graphs of uniform batches only",
+        AttentionCGSupport.ALWAYS: "full graphs of any batch",
+    }[support]
+    return f"attention backend {backend} has CUDA graph support {support.name} ({what})"
+
+
+def apply_attention_cudagraph_support(cfg: VllmConfig) -> None:
+    """Downgrade ``cudagraph_mode`` to what the attention backend that will run can
+    capture (`CompilationConfig.resolve_cudagraph_mode_and_sizes`; vLLM does it in the
+    worker, minivllm before anything is built, so the resolved mode is what runs).
+    A mode downgraded to NONE captures nothing, so its capture sizes go too."""
+    cc = cfg.compilation_config
+    backend = cfg.attention_config.backend
+    assert backend is not None, "resolve_attention_backend runs first"
+    before = cc.cudagraph_mode
+    mode = cc.resolve_cudagraph_mode_and_sizes(
+        ATTENTION_CG_SUPPORT[backend],
+        backend,
+        uniform_decode_query_len=cfg.uniform_decode_query_len,
+        use_v2_model_runner=cfg.use_v2_model_runner,
+        max_num_reqs=cfg.scheduler_config.max_num_seqs,
+    )
+    if mode == CUDAGraphMode.NONE and before not in (None, CUDAGraphMode.NONE):
+        cc.max_cudagraph_capture_size = 0
+        cc.cudagraph_capture_sizes = []
+
+
 def validate_model_runner(cfg: VllmConfig) -> None:
     """Features the (V1-style) model runner of minivllm cannot run."""
     parallel = cfg.parallel_config
@@ -319,9 +354,11 @@ def warn_turing_fp32(cfg: VllmConfig) -> None:
 __all__ = [
     "absolutize_debug_dump_path",
     "adjust_cudagraph_mode_for_model",
+    "apply_attention_cudagraph_support",
     "apply_eager_cudagraphs",
     "apply_enforce_eager",
     "apply_torch_compile_disable",
+    "attention_cudagraph_why",
     "breakable_cudagraph_enabled",
     "check_final_cudagraph_mode",
     "default_compilation_mode",

@@ -7,9 +7,15 @@ configuration can be resolved as a given GPU would resolve it, without the GPU
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
-from minivllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
+from minivllm.platforms.interface import (
+    AttentionBackendChoice,
+    DeviceCapability,
+    Platform,
+    PlatformEnum,
+)
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
@@ -20,6 +26,11 @@ MAX_CUDA_BLOCK_SIZE = 32
 DATA_CENTER_BLACKWELL_MAX_CAPTURE_SIZE = 1024
 """Default largest CUDA graph capture size on SM 10.x (B200/GB200/B300): these parts
 have the memory and SM count to profit from graphs of twice the usual width."""
+
+
+def triton_available() -> bool:
+    """Whether the triton package is installed (found, not imported: that is slow)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 class CudaPlatform(Platform):
@@ -55,6 +66,37 @@ class CudaPlatform(Platform):
         if self.is_device_capability_family(100):
             return DATA_CENTER_BLACKWELL_MAX_CAPTURE_SIZE
         return super().default_max_cudagraph_capture_size()
+
+    def choose_attention_backend(self, device_type: str | None = None) -> AttentionBackendChoice:
+        """TRITON_PAGED (CUDA-graph safe) on a CUDA device when triton is installed, else
+        CPU_SDPA."""
+        if device_type not in (None, "", self.device_type):
+            return AttentionBackendChoice(
+                "CPU_SDPA", f"the device is {device_type}; TRITON_PAGED needs a CUDA device"
+            )
+        if not triton_available():
+            return AttentionBackendChoice(
+                "CPU_SDPA", f"triton is not installed, so {self!r} cannot run TRITON_PAGED"
+            )
+        return AttentionBackendChoice(
+            "TRITON_PAGED", f"the default of {self!r} when triton is installed"
+        )
+
+    def check_attention_backend(self, backend: str, device_type: str | None = None) -> None:
+        """TRITON_PAGED also needs a CUDA device and the triton package."""
+        super().check_attention_backend(backend, device_type)
+        if backend != "TRITON_PAGED":
+            return
+        if device_type not in (None, "", self.device_type):
+            raise ValueError(
+                f"attention backend TRITON_PAGED runs on CUDA devices only, but the device is "
+                f"{device_type}; use -ac.backend=CPU_SDPA (or leave it unset), or --device cuda."
+            )
+        if not triton_available():
+            raise ValueError(
+                "attention backend TRITON_PAGED needs the triton package, which is not "
+                "installed; pip install triton, or use -ac.backend=CPU_SDPA (or leave it unset)."
+            )
 
     def check_and_update_config(self, vllm_config: VllmConfig) -> None:
         super().check_and_update_config(vllm_config)

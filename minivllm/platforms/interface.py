@@ -14,6 +14,15 @@ class PlatformEnum(enum.Enum):
     CPU = enum.auto()
 
 
+class AttentionBackendChoice(NamedTuple):
+    """The attention backend a platform runs when `AttentionConfig.backend` is unset."""
+
+    name: str
+    """The backend (an `AttentionConfig.backend` name such as "TRITON_PAGED")."""
+    reason: str
+    """Why this one, for ``minivllm config --explain``."""
+
+
 class DeviceCapability(NamedTuple):
     """A CUDA compute capability such as (9, 0)."""
 
@@ -136,8 +145,21 @@ class Platform:
         cache_config = getattr(vllm_config, "cache_config", None)
         if cache_config is not None and getattr(cache_config, "block_size", 0) is None:
             cache_config.block_size = self.get_default_block_size()
-        backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
-        if backend is not None and backend not in self.attention_backends:
+
+    # -- attention --------------------------------------------------------
+    def choose_attention_backend(self, device_type: str | None = None) -> AttentionBackendChoice:
+        """The attention backend that runs on ``device_type`` when the user chose none.
+
+        The one place this default is decided: `VllmConfig` resolution records it in
+        ``attention_config.backend`` and `get_attn_backend` falls back to it.
+        """
+        return AttentionBackendChoice(
+            self.attention_backends[0], f"the default attention backend of {self!r}"
+        )
+
+    def check_attention_backend(self, backend: str, device_type: str | None = None) -> None:
+        """Raise `ValueError` when the chosen ``backend`` cannot run on ``device_type`` here."""
+        if backend not in self.attention_backends:
             raise ValueError(
                 f"attention backend {backend} does not run on {self!r}; the attention "
                 f"backends minivllm has on this platform: {', '.join(self.attention_backends)}. "

@@ -21,6 +21,8 @@ from minivllm.attention.forward_context import set_forward_context
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.compilation.backend import VllmBackend
 from minivllm.compilation.wrapper import ModelForward, build_model_forward
+from minivllm.config.attention import ATTENTION_CG_SUPPORT
+from minivllm.config.attention_support import AttentionCGSupport
 from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.logger import init_logger
 from minivllm.worker.cudagraph import (
@@ -80,19 +82,15 @@ class ForwardRunner:
         self.compilation_config = cc
         self.model_forward: ModelForward = build_model_forward(model, vllm_config)
         self.max_num_tokens: int = vllm_config.scheduler_config.max_num_batched_tokens
+        # VllmConfig resolution settled the mode for this device and attention backend
+        # (see `minivllm config --explain`); the runner runs it as it is.
         mode = cc.cudagraph_mode or CUDAGraphMode.NONE
-        if mode and device.type != "cuda" and dispatcher is None:
-            logger.info("cudagraph_mode %s needs CUDA; running without graphs", mode)
-            mode = CUDAGraphMode.NONE
-        if mode.has_full_cudagraphs() and not _attention_graph_safe(attn_layers):
-            logger.warning(
-                "FULL CUDA graphs need the Triton paged-attention backend (TRITON_PAGED; "
-                "is triton installed, or was another attention backend chosen?); capturing "
-                "piecewise graphs only"
-            )
-            mode = (
-                CUDAGraphMode.PIECEWISE if mode.has_piecewise_cudagraphs() else CUDAGraphMode.NONE
-            )
+        if dispatcher is None:
+            assert not mode or device.type == "cuda", f"{mode} resolved for {device.type}"
+            assert not mode.has_full_cudagraphs() or all(
+                ATTENTION_CG_SUPPORT[layer.impl.name] != AttentionCGSupport.NEVER
+                for layer in attn_layers.values()
+            ), f"{mode} resolved for an attention backend without full CUDA graphs"
         self.dispatcher = dispatcher or CudagraphDispatcher(mode, cc.cudagraph_capture_sizes or [])
         self._piece_wrappers: list[PiecewiseCudaGraphWrapper] = []
         self._full: FullCudaGraphRunner | None = None
@@ -278,12 +276,6 @@ class ForwardRunner:
             ctx.cudagraph_runtime_mode = CUDAGraphMode.PIECEWISE
             ctx.num_padded_tokens = padded
             return self.model_forward(ids, pos)[:n]
-
-
-def _attention_graph_safe(attn_layers: dict[str, Any]) -> bool:
-    return bool(attn_layers) and all(
-        getattr(layer.impl, "cudagraph_safe", False) for layer in attn_layers.values()
-    )
 
 
 __all__ = ["WARMUP_TRACE_TOKENS", "ForwardRunner", "pad_step_inputs"]

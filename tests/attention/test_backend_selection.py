@@ -66,3 +66,27 @@ def test_the_configured_backend_is_the_one_the_layers_run() -> None:
         assert isinstance(get_attn_backend("CPU_ATTN"), CpuSdpaBackend)
         with pytest.raises(ValueError, match="available here: CPU_SDPA"):
             get_attn_backend("TRITON_ATTN")
+
+
+def test_resolution_records_the_backend_the_layers_run() -> None:
+    """The platform's default is decided in one place: resolution writes it into the
+    config, and get_attn_backend (with or without a config) agrees."""
+    with override_platform(CUDA):
+        cfg = VllmConfig()
+        assert cfg.attention_config.backend == "TRITON_PAGED"
+        assert type(get_attn_backend()).__name__ == "TritonPagedBackend"
+    with override_platform(CpuPlatform()):
+        assert VllmConfig().attention_config.backend == "CPU_SDPA"
+        assert isinstance(get_attn_backend(), CpuSdpaBackend)
+
+
+def test_cuda_without_triton_defaults_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("minivllm.platforms.cuda.triton_available", lambda: False)
+    with override_platform(CUDA):
+        cfg = VllmConfig()
+        assert cfg.attention_config.backend == "CPU_SDPA"
+        assert isinstance(get_attn_backend(), CpuSdpaBackend)  # no config: same choice
+        with set_current_vllm_config(cfg):
+            assert isinstance(make_layer().impl, CpuSdpaBackend)
+        with pytest.raises(ValueError, match="needs the triton package"):
+            VllmConfig(attention_config=AttentionConfig(backend="TRITON_PAGED"))

@@ -109,7 +109,8 @@ def test_cpu_has_no_static_graphs(model) -> None:
     entry = cfg.explain()["compilation_config.cudagraph_mode"]
     assert entry["source"] == "platform"
     assert entry["reason"] == (
-        "cudagraph_mode FULL_AND_PIECEWISE -> NONE: this platform has no static graph mode"
+        "cudagraph_mode FULL_AND_PIECEWISE -> NONE: CpuPlatform() has no CUDA graphs "
+        "(no static graph mode)"
     )
     # Compilation itself still runs on the CPU.
     assert cc.mode == CompilationMode.VLLM_COMPILE

@@ -117,10 +117,17 @@ def test_default_model_o2_matches_o0() -> None:
 
 
 @pytest.mark.parametrize(
-    ("backend", "impl"), [("TRITON_ATTN", "TritonPagedBackend"), ("CPU_SDPA", "CpuSdpaBackend")]
+    ("backend", "impl", "o2_graphs"),
+    [
+        ("TRITON_ATTN", "TritonPagedBackend", "FULL_AND_PIECEWISE"),
+        ("CPU_SDPA", "CpuSdpaBackend", "PIECEWISE"),  # resolution drops the full graphs
+    ],
 )
-def test_configured_attention_backend_runs(tiny_llama: Path, backend: str, impl: str) -> None:
-    """-ac.backend picks the backend the layers run (vLLM's names too), graphs or not."""
+def test_configured_attention_backend_runs(
+    tiny_llama: Path, backend: str, impl: str, o2_graphs: str
+) -> None:
+    """-ac.backend picks the backend the layers run (vLLM's names too), graphs or not;
+    the resolved cudagraph_mode is the one the runner captures."""
     reference = greedy_tokens(make_llm(tiny_llama, optimization_level=0), n=16)
     for level in (0, 2):
         llm = make_llm(
@@ -131,4 +138,8 @@ def test_configured_attention_backend_runs(tiny_llama: Path, backend: str, impl:
         )
         layers = llm.llm_engine.executor.worker.model_runner.attn_layers
         assert {type(layer.impl).__name__ for layer in layers.values()} == {impl}
+        mode = llm.llm_engine.vllm_config.compilation_config.cudagraph_mode
+        runner = llm.llm_engine.executor.worker.model_runner.forward_runner
+        assert runner.dispatcher.cudagraph_mode == mode
+        assert mode.name == (o2_graphs if level == 2 else "NONE")
         assert greedy_tokens(llm, n=16) == reference

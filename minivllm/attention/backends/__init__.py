@@ -9,40 +9,24 @@ from minivllm.attention.backends.cpu_sdpa import CpuSdpaBackend
 _BACKENDS: dict[str, type[CpuSdpaBackend]] = {CpuSdpaBackend.name: CpuSdpaBackend}
 
 
-def _cuda_default() -> Any | None:
-    """The Triton paged backend on CUDA (importing triton only there), if it applies."""
-    from minivllm.platforms import current_platform
-
-    if not current_platform.is_cuda():
-        return None
-    try:
-        from minivllm.attention.backends.triton_paged import TritonPagedBackend, supports
-    except ImportError:
-        return None
-    from minivllm.config.vllm_context import get_current_vllm_config_or_none
-
-    cfg = get_current_vllm_config_or_none()
-    block_size = getattr(getattr(cfg, "cache_config", None), "block_size", None) or 16
-    return TritonPagedBackend() if supports(block_size) else None
-
-
 def get_attn_backend(name: str | None = None) -> Any:
     """An instance of the backend called ``name`` (vLLM's names accepted).
 
-    ``name`` None: the current config's ``attention_config.backend``; when that is
-    unset too, the Triton paged backend on CUDA (CUDA graph safe), else the SDPA
-    backend (plain torch, any device).
+    ``name`` None: the current config's ``attention_config.backend``, which
+    `VllmConfig` resolution always sets; with no config at all, the platform's
+    choice (`Platform.choose_attention_backend`: the Triton paged backend on CUDA
+    when triton is installed, else the SDPA backend).
     """
     from minivllm.config.attention import canonical_backend
     from minivllm.config.vllm_context import get_current_vllm_config_or_none
     from minivllm.platforms import current_platform
 
+    cfg = get_current_vllm_config_or_none()
     if name is None:
-        attention_config = getattr(get_current_vllm_config_or_none(), "attention_config", None)
-        name = getattr(attention_config, "backend", None)
+        name = getattr(getattr(cfg, "attention_config", None), "backend", None)
     if name is None:
-        backend = _cuda_default()
-        return backend if backend is not None else CpuSdpaBackend()
+        device_type = getattr(getattr(cfg, "device_config", None), "device_type", None)
+        name = current_platform.choose_attention_backend(device_type).name
     key = canonical_backend(name)
     if key not in current_platform.attention_backends:
         raise ValueError(

@@ -124,7 +124,6 @@ class TritonPagedBackend:
     """Paged attention with Triton kernels; CUDA graph safe."""
 
     name = "TRITON_PAGED"
-    cudagraph_safe = True
 
     def __init__(self) -> None:
         self._fallback = CpuSdpaBackend()
@@ -174,9 +173,4 @@ class TritonPagedBackend:
         )  # fmt: skip
 
 
-def supports(block_size: int) -> bool:
-    """The kernels tile one KV block at a time, which must be a power of two."""
-    return block_size > 0 and block_size & (block_size - 1) == 0
-
-
-__all__ = ["TritonPagedBackend", "supports"]
+__all__ = ["TritonPagedBackend"]

@@ -79,7 +79,7 @@ class CompletionOutput:
     """Sum of the sampled tokens' logprobs; None unless logprobs were requested."""
     logprobs: SampleLogprobs | None
     finish_reason: str | None = None
-    """None while running, then "stop", "length" or "abort"."""
+    """None while running, then "stop", "length", "abort" or "error"."""
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended it; None for EOS or length."""
 
@@ -109,6 +109,9 @@ class RequestOutput:
     num_cached_tokens: int | None = None
     """Prompt tokens whose KV came from the prefix cache."""
     kv_transfer_params: dict | None = field(default=None, repr=False)
+    error: str | None = None
+    """Why the request failed, when a completion finished with reason "error" (the
+    engine could not run this request's own inputs; other requests were unaffected)."""
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output of the same request into this one.
@@ -117,6 +120,7 @@ class RequestOutput:
         each completion are appended; otherwise each completion is replaced.
         """
         self.finished |= next_output.finished
+        self.error = next_output.error or self.error
         self.metrics = next_output.metrics or self.metrics
         for completion in next_output.outputs:
             for i, mine in enumerate(self.outputs):

@@ -21,6 +21,10 @@ SAMPLING_EPS = 1e-5
 MIN_RANDOM_TEMPERATURE = 1e-2
 # vLLM's ModelConfig.max_logprobs default: the most logprobs a request may ask for.
 DEFAULT_MAX_LOGPROBS = 20
+# The seeds torch.Generator.manual_seed takes (a 64-bit value, signed or unsigned);
+# anything outside overflows inside torch ("Overflow when unpacking long long").
+MIN_SEED = -(1 << 63)
+MAX_SEED = (1 << 64) - 1
 
 
 class SamplingType(enum.IntEnum):
@@ -73,7 +77,8 @@ class SamplingParams:
     min_p: float = 0.0
     """Drop tokens less likely than min_p times the most likely one; in [0, 1]."""
     seed: int | None = None
-    """Seed of this request's own random generator, for reproducible sampling."""
+    """Seed of this request's own random generator, for reproducible sampling; in
+    [-2**63, 2**64 - 1]. With n > 1, completion i uses ``seed + i``."""
     stop: str | list[str] | None = None
     """Strings that end generation when produced; they are not part of the output
     unless include_stop_str_in_output is set."""
@@ -201,8 +206,26 @@ class SamplingParams:
                 raise ValueError("allowed_token_ids must not be empty (None allows all).")
             if any(not isinstance(t, int) or t < 0 for t in self.allowed_token_ids):
                 raise ValueError("allowed_token_ids must be non-negative ints.")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}.")
+        self._verify_seed()
+
+    def _verify_seed(self) -> None:
+        seed = self.seed
+        if seed is None:
+            return
+        if not isinstance(seed, int):
+            raise ValueError(f"seed must be an int or None, got {seed!r}.")
+        if not MIN_SEED <= seed <= MAX_SEED:
+            raise ValueError(
+                f"seed must be in [{MIN_SEED}, {MAX_SEED}] (a 64-bit value, what "
+                f"torch.Generator takes), got {seed}."
+            )
+        # Completion i of an n > 1 request samples with seed + i (see LLMEngine.add_request).
+        if seed + self.n - 1 > MAX_SEED:
+            raise ValueError(
+                f"seed {seed} with n={self.n} gives completion {self.n - 1} the seed "
+                f"{seed + self.n - 1}, above the largest seed {MAX_SEED}; use a seed "
+                f"<= {MAX_SEED - self.n + 1}."
+            )
 
     def verify_for_model(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> None:
         """Checks that need the model: token ids in range and the logprobs cap.

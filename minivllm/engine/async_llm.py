@@ -9,6 +9,8 @@ batch as they arrive (continuous batching) while the event loop stays free to
 accept connections and stream tokens: a step runs in the engine thread, and torch
 releases the GIL inside its ops.
 
+A request whose own inputs fail in the worker (e.g. its seeded generator cannot be
+built) finishes alone: its stream receives an `EngineError` and the batch goes on.
 A failed step never leaves a client hanging: every in-flight stream receives an
 `EngineError`, their requests are aborted, and the loop carries on.  Only if the
 engine cannot even be cleaned up does the front turn *dead* (``errored``), after
@@ -151,9 +153,11 @@ class AsyncLLM:
     def vllm_config(self) -> Any:
         return self.engine.vllm_config
 
-    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def validate_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> None:
         """The engine's ValueError for a request it could never finish (pure, thread-safe)."""
-        self.engine.validate_request(prompt_token_ids, params)
+        self.engine.validate_request(prompt_token_ids, params, priority)
 
     # -- requests -------------------------------------------------------------
     async def generate(
@@ -177,7 +181,7 @@ class AsyncLLM:
         else:
             ids = None  # text: tokenized (and validated) by the engine thread
         if ids is not None:
-            self.validate_request(ids, sampling_params)
+            self.validate_request(ids, sampling_params, priority)
         stream = _Stream(
             request_id,
             asyncio.get_running_loop(),
@@ -327,7 +331,9 @@ class AsyncLLM:
 
     def _deliver(self, outputs: list[RequestOutput], stats: IterationStats) -> None:
         now = time.monotonic()
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
+        batches: dict[
+            asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput | BaseException]]
+        ] = {}
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
@@ -335,7 +341,11 @@ class AsyncLLM:
             self._account(stream, output, now, stats)
             if output.finished:
                 del self._streams[output.request_id]
-            batches.setdefault(stream.loop, []).append((stream, output))
+            item: RequestOutput | BaseException = output
+            if output.finished and output.error is not None:
+                # Only this request's own inputs failed; the batch carried on without it.
+                item = EngineError(f"request {output.request_id} failed: {output.error}")
+            batches.setdefault(stream.loop, []).append((stream, item))
         for loop, items in batches.items():
             self._call_in_loop(loop, _put_all, items)
 

@@ -16,6 +16,7 @@ from minivllm.executor.uniproc import get_executor_class
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.scheduler.output import EngineCoreOutput
 from minivllm.scheduler.request import Request, RequestStatus
 from minivllm.scheduler.scheduler import Scheduler
 from minivllm.stats import SchedulerStats
@@ -73,8 +74,14 @@ class LLMEngine:
             "token ids, or a dict with 'prompt' or 'prompt_token_ids'"
         )
 
-    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """ValueError, with the numbers, for a request the engine could never finish."""
+    def validate_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> None:
+        """ValueError, with the numbers, for a request the engine could never finish.
+
+        Pure and thread-safe: the API server calls it before a stream starts, so that
+        such a request gets a 400 rather than an error event after a 200.
+        """
         max_len = self.model_config.max_model_len
         vocab = self.model_config.get_vocab_size()
         num_prompt = len(prompt_token_ids)
@@ -94,6 +101,14 @@ class LLMEngine:
                 f"asks for {num_prompt + params.max_tokens} ({num_prompt} in the prompt + "
                 f"{params.max_tokens} max_tokens); lower max_tokens or shorten the prompt"
             )
+        capacity = self.scheduler.kv_cache_manager.max_num_tokens
+        if params.n * num_prompt > capacity:
+            raise ValueError(
+                f"n={params.n} completions of a {num_prompt}-token prompt need "
+                f"{params.n * num_prompt} tokens of KV cache, but the whole cache holds "
+                f"{capacity} tokens; lower n or shorten the prompt"
+            )
+        self.scheduler.check_request(num_prompt, priority)
         params.verify_for_model(vocab, self.max_logprobs)
 
     def add_request(
@@ -114,7 +129,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = (params or SamplingParams()).clone()
         text, token_ids = self.tokenize_prompt(prompt)
-        self.validate_request(token_ids, params)
+        self.validate_request(token_ids, params, priority)
         params.update_from_tokenizer(self.eos_token_id)
         child_ids = (
             [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
@@ -165,10 +180,29 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self._fail_siblings(core_outputs)
         outputs, stopped = self.output_processor.process_outputs(core_outputs)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         return outputs
+
+    def _fail_siblings(self, core_outputs: list[EngineCoreOutput]) -> None:
+        """A failed child fails its whole request: its n > 1 siblings end with the same
+        error (their blocks are freed now) instead of running for an answer nobody gets."""
+        by_id = {eco.request_id: eco for eco in core_outputs}
+        for failed in [eco for eco in core_outputs if eco.error is not None]:
+            state = self.output_processor.states.get(failed.request_id)
+            if state is None:
+                continue
+            for child_id in self.output_processor.child_ids_of(state.parent.request_id):
+                sibling = by_id.get(child_id)
+                if sibling is not None and sibling.finished:
+                    continue
+                self.scheduler.finish_requests([child_id], RequestStatus.FINISHED_ERROR)
+                if sibling is None:
+                    sibling = by_id[child_id] = EngineCoreOutput(child_id, [])
+                    core_outputs.append(sibling)
+                sibling.finish_reason, sibling.error = "error", failed.error
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

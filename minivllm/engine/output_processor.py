@@ -32,6 +32,8 @@ class ParentRequest:
     prompt_logprobs_source: str | None = None
     """The child whose prompt logprobs are kept (children compute the same ones)."""
     num_cached_tokens: int = 0
+    error: str | None = None
+    """Set when a child failed (finish_reason "error"); the whole request fails."""
 
 
 @dataclass
@@ -111,6 +113,8 @@ class OutputProcessor:
             if state is None:
                 continue
             finish_reason, stop_reason = eco.finish_reason, eco.stop_reason
+            if eco.error is not None:
+                state.parent.error = eco.error
             if eco.new_token_ids and state.first_token_time is None:
                 state.first_token_time = time.time()
             state.output_token_ids.extend(eco.new_token_ids)
@@ -222,6 +226,7 @@ class OutputProcessor:
             outputs=outputs,
             finished=all_done,
             num_cached_tokens=parent.num_cached_tokens,
+            error=parent.error,
         )
 
     def remove_request(self, request_id: str) -> None:

@@ -10,6 +10,9 @@ import argparse
 
 from minivllm.entrypoints.model_tag import add_model_tag_argument
 
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
+"""--max-request-body-bytes default (16 MiB); the API server's own default is the same."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The optional MODEL, the server flags and every engine flag."""
@@ -26,13 +29,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--api-key",
         default=None,
-        help="If set, /v1 requests must send 'Authorization: Bearer <key>' (else 401).",
+        help="If set, every request but /health, /version, /metrics and the API docs must "
+        "send 'Authorization: Bearer <key>' (else 401).",
     )
     server.add_argument(
         "--max-log-len",
         type=int,
         default=None,
         help="Most prompt characters and token ids shown per logged request (default: all).",
+    )
+    server.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="Largest request body accepted, in bytes; larger ones get a 413 before they "
+        f"are read (default: {DEFAULT_MAX_REQUEST_BODY_BYTES}, 16 MiB).",
+    )
+    server.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="Let requests pass their own chat_template (a Jinja template the server "
+        "runs); without this flag such requests get a 400.",
     )
     server.add_argument(
         "--uvicorn-log-level",
@@ -49,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"argument --port: {args.port} is not a TCP port (0-65535)")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"argument --max-log-len: must be >= 0, got {args.max_log_len}")
+    if args.max_request_body_bytes < 1:
+        raise ValueError(
+            f"argument --max-request-body-bytes: must be >= 1, got {args.max_request_body_bytes}"
+        )
     from minivllm.entrypoints.openai.api_server import run_server
 
     return run_server(args)

@@ -27,6 +27,7 @@ class UniProcExecutor:
                 f"the KV cache holds only {num_blocks} block(s) of {block_size} tokens ({source}); "
                 "give it more memory (--kv-cache-memory-bytes) or lower --max-model-len"
             )
+        check_kv_cache_holds_max_model_len(vllm_config, num_blocks, source)
         self.worker.initialize_kv_cache(num_blocks)
         self.num_blocks = num_blocks
         vllm_config.cache_config.num_gpu_blocks = num_blocks
@@ -44,6 +45,46 @@ class UniProcExecutor:
 
     def shutdown(self) -> None:
         """Nothing to stop for an in-process worker."""
+
+
+def check_kv_cache_holds_max_model_len(vllm_config: Any, num_blocks: int, source: str) -> None:
+    """The KV cache must hold one request of ``max_model_len`` tokens, as in vLLM.
+
+    Otherwise long requests would be cut short at run time (finish_reason "length")
+    though they passed validation.  A ``max_model_len`` the user chose is an error that
+    names both fixes; one taken from the model is lowered to what fits, with a warning.
+    Block 0 is the KV cache manager's null block, so ``num_blocks - 1`` blocks hold tokens.
+    """
+    mc = vllm_config.model_config
+    block_size = vllm_config.cache_config.block_size
+    capacity = (num_blocks - 1) * block_size
+    max_model_len = mc.max_model_len
+    if capacity >= max_model_len:
+        return
+    provenance = getattr(vllm_config, "provenance", None)
+    origin = provenance.origins.get("model_config.max_model_len") if provenance else None
+    if origin is not None and origin.source == "user":
+        raise ValueError(
+            f"max_model_len={max_model_len} does not fit in the KV cache: it holds "
+            f"{capacity} tokens ({num_blocks} blocks of {block_size} tokens, one reserved; "
+            f"from {source}), and one request of max_model_len tokens needs "
+            f"{-(-max_model_len // block_size) + 1} blocks. Give the KV cache more room "
+            "(--num-gpu-blocks-override, --kv-cache-memory-bytes, or "
+            f"--gpu-memory-utilization on a GPU), or lower --max-model-len to {capacity} "
+            "or less."
+        )
+    logger.warning(
+        "The KV cache holds %d tokens (%d blocks of %d tokens, one reserved; from %s), "
+        "less than the model's max_model_len of %d: lowering max_model_len to %d. Give "
+        "the KV cache more room to serve longer requests, or set --max-model-len.",
+        capacity,
+        num_blocks,
+        block_size,
+        source,
+        max_model_len,
+        capacity,
+    )
+    mc.max_model_len = capacity
 
 
 def get_executor_class(vllm_config: Any) -> type[UniProcExecutor]:

@@ -75,6 +75,10 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[Any]] = field(default_factory=dict)
     """Per request id, prompt logprob entries computed this step (same entry form, or
     None for the first prompt token)."""
+    failed_req_ids: dict[str, str] = field(default_factory=dict)
+    """Requests the worker could not run because their own inputs failed (e.g. building
+    their sampling generator raised), each with the error; they are not in req_ids, and
+    the rest of the batch ran as usual."""
 
 
 @dataclass
@@ -85,7 +89,8 @@ class EngineCoreOutput:
     new_token_ids: list[int]
     """Tokens generated this step (empty for an unfinished chunked prefill)."""
     finish_reason: str | None = None
-    """The finish reason once finished ("stop", "length" or "abort"); None while running."""
+    """The finish reason once finished ("stop", "length", "abort" or "error"); None while
+    running."""
     stop_reason: int | str | None = None
     """The stop token id that ended the request (None for EOS and length caps)."""
     num_cached_tokens: int = 0
@@ -95,6 +100,8 @@ class EngineCoreOutput:
     new_prompt_logprobs: list[Any] | None = None
     """Prompt logprob entries computed this step, if requested."""
     num_preemptions: int = 0
+    error: str | None = None
+    """Why the request failed (finish_reason "error"); None otherwise."""
 
     @property
     def finished(self) -> bool:

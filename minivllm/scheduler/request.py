@@ -24,6 +24,9 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH_CAPPED = enum.auto()
     """max_tokens generated or max_model_len reached."""
     FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+    """The worker could not run this request's own inputs (e.g. its sampling set-up
+    failed); the rest of the batch went on."""
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
@@ -39,6 +42,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -122,7 +126,7 @@ class Request:
         return RequestStatus.is_finished(self.status)
 
     def get_finished_reason(self) -> str | None:
-        """ "stop", "length", "abort", or None while the request is unfinished."""
+        """ "stop", "length", "abort", "error", or None while the request is unfinished."""
         return RequestStatus.get_finished_reason(self.status)
 
     def __repr__(self) -> str:

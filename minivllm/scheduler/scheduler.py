@@ -135,31 +135,7 @@ class Scheduler:
         rid = request.request_id
         if rid in self.requests:
             raise ValueError(f"Request id {rid!r} is already in use; request ids must be unique.")
-        if request.num_prompt_tokens > self.max_model_len:
-            raise ValueError(
-                f"The prompt ({request.num_prompt_tokens} tokens) is longer than the maximum "
-                f"model length ({self.max_model_len}); shorten it or raise max_model_len."
-            )
-        if (
-            not self.enable_chunked_prefill
-            and request.num_prompt_tokens > self.max_num_batched_tokens
-        ):
-            raise ValueError(
-                f"The prompt ({request.num_prompt_tokens} tokens) exceeds "
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) and chunked prefill "
-                "is disabled; enable chunked prefill or raise max_num_batched_tokens."
-            )
-        kv_capacity = self.kv_cache_manager.max_num_tokens
-        if request.num_prompt_tokens > kv_capacity:
-            raise ValueError(
-                f"The prompt ({request.num_prompt_tokens} tokens) does not fit in the whole KV "
-                f"cache ({kv_capacity} tokens); shorten it or give the KV cache more memory."
-            )
-        if request.priority != 0 and self.policy != "priority":
-            raise ValueError(
-                f"Request {rid!r} has priority {request.priority} but the scheduling policy is "
-                f"{self.policy!r}; use policy 'priority' or leave priority at 0."
-            )
+        self.check_request(request.num_prompt_tokens, request.priority)
         if request.max_tokens is None:
             request.max_tokens = self.max_model_len - request.num_prompt_tokens
         if request.block_hasher is None and self.kv_cache_manager.enable_caching:
@@ -168,6 +144,32 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.requests[rid] = request
         self.waiting.add(request)
+
+    def check_request(self, num_prompt_tokens: int, priority: int = 0) -> None:
+        """ValueError for a request this scheduler could never run (pure: the API thread
+        calls it too, so that such a request is refused before its stream starts)."""
+        if num_prompt_tokens > self.max_model_len:
+            raise ValueError(
+                f"The prompt ({num_prompt_tokens} tokens) is longer than the maximum "
+                f"model length ({self.max_model_len}); shorten it or raise max_model_len."
+            )
+        if not self.enable_chunked_prefill and num_prompt_tokens > self.max_num_batched_tokens:
+            raise ValueError(
+                f"The prompt ({num_prompt_tokens} tokens) exceeds "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) and chunked prefill "
+                "is disabled; enable chunked prefill or raise max_num_batched_tokens."
+            )
+        kv_capacity = self.kv_cache_manager.max_num_tokens
+        if num_prompt_tokens > kv_capacity:
+            raise ValueError(
+                f"The prompt ({num_prompt_tokens} tokens) does not fit in the whole KV "
+                f"cache ({kv_capacity} tokens); shorten it or give the KV cache more memory."
+            )
+        if priority != 0 and self.policy != "priority":
+            raise ValueError(
+                f"priority {priority} needs the 'priority' scheduling policy, but the policy "
+                f"is {self.policy!r}; use policy 'priority' or leave priority at 0."
+            )
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
         """Finish requests from outside (abort, stop string); frees all their blocks at once.
@@ -377,6 +379,17 @@ class Scheduler:
         # Requests the scheduler itself finished while scheduling this step come first.
         outputs, self._pending_outputs = self._pending_outputs, []
         finished_ids: set[str] = set()
+        for rid, error in model_runner_output.failed_req_ids.items():
+            request = self.requests.get(rid)
+            if request is None or request.is_finished:
+                continue
+            # Only this request's own inputs failed: finish it, free its blocks, go on.
+            request.status = RequestStatus.FINISHED_ERROR
+            self._free_request(request)
+            finished_ids.add(rid)
+            output = self._make_output(request, [], None, None)
+            output.error = error
+            outputs.append(output)
         for rid in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(rid)
             if request is None:

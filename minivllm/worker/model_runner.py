@@ -100,12 +100,20 @@ class ModelRunner:
         self.forward_runner.capture_cudagraphs()
 
     # -- per step -----------------------------------------------------------
-    def _update_states(self, so: SchedulerOutput) -> None:
+    def _update_states(self, so: SchedulerOutput) -> dict[str, str]:
+        """Apply the scheduler's deltas; returns the new requests whose own set-up failed
+        (id -> error), which are left out of this step instead of failing the batch."""
+        failed: dict[str, str] = {}
         for req_id in so.finished_req_ids:
             self.states.pop(req_id, None)
         for new in so.scheduled_new_reqs:
-            state = CachedRequestState.from_new(new, self.device)
-            self._replay_generator(state)
+            try:
+                state = CachedRequestState.from_new(new, self.device)
+                self._replay_generator(state)
+            except Exception as exc:  # e.g. a seed torch.Generator refuses
+                logger.exception("request %s cannot run; failing it alone", new.req_id)
+                failed[new.req_id] = f"{type(exc).__name__}: {exc}"
+                continue
             self.states[new.req_id] = state
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
@@ -114,6 +122,7 @@ class ModelRunner:
             state = self.states[req_id]
             state.block_ids.extend(new_blocks)
             state.num_computed_tokens = num_computed
+        return failed
 
     def _replay_generator(self, state: CachedRequestState) -> None:
         """A request rebuilt after preemption continues its seeded random stream."""
@@ -127,10 +136,10 @@ class ModelRunner:
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; requests are processed in the scheduler's order."""
         assert self.model is not None and self.forward_runner is not None, "load_model() first"
-        self._update_states(so)
-        req_ids = list(so.num_scheduled_tokens)
+        failed = self._update_states(so)
+        req_ids = [r for r in so.num_scheduled_tokens if r not in failed]
         if not req_ids:
-            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], failed_req_ids=failed)
         inputs = build_step_inputs(
             self.states, req_ids, so.num_scheduled_tokens, self.block_size, self.device
         )
@@ -160,6 +169,7 @@ class ModelRunner:
             sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in req_ids],
             logprobs=[[entries[r]] if entries.get(r) is not None else None for r in req_ids],
             prompt_logprobs=prompt_logprobs,
+            failed_req_ids=failed,
         )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[str, list[Any]]:

@@ -3,8 +3,8 @@
 - Aborting a request mid-generation frees all of its KV blocks in that call, and the
   pool is back at its idle size once every request is gone.
 - A request that could never finish (prompt + max_tokens > max_model_len) is
-  rejected with the numbers, and neither it nor a request whose context outgrows
-  the whole KV cache changes what the other requests generate.
+  rejected with the numbers and does not change what the other requests generate;
+  a KV cache smaller than the model's context lowers max_model_len to what fits.
 - Streamed (DELTA) text of multi-byte characters adds up to the tokenizer's own
   decoding of the ids, and never contains a half character.
 """
@@ -139,27 +139,29 @@ def test_rejected_request_does_not_affect_others(llm: LLM, alone: list[list[int]
     assert [list(o.outputs[0].token_ids) for o in again] == alone
 
 
-def test_request_outgrowing_the_kv_cache_does_not_affect_others(alone: list[list[int]]) -> None:
-    # 4 usable blocks of 8: 32 tokens for the whole batch; the long request outgrows it.
+def test_small_kv_cache_lowers_max_model_len_and_refuses_what_cannot_fit(
+    alone: list[list[int]],
+) -> None:
+    # 4 usable blocks of 8: 32 tokens. max_model_len was not chosen, so the engine lowers
+    # it to what one request can use, instead of cutting requests short at run time.
     small = LLM(num_gpu_blocks_override=5, enable_prefix_caching=False, **COMMON)
-    manager = small.llm_engine.scheduler.kv_cache_manager
+    engine = small.llm_engine
+    manager = engine.scheduler.kv_cache_manager
+    assert engine.model_config.max_model_len == manager.max_num_tokens == 32
     greedy_long = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
-    outputs = small.generate([PROMPTS[1], PROMPTS[0], PROMPTS[2]], [greedy_long, GREEDY, GREEDY])
-    long, *rest = outputs
-    assert long.outputs[0].finish_reason == "length"
-    # It ran until the cache held 32 tokens of its context, then sampled one more.
-    assert len(long.prompt_token_ids or []) + len(long.outputs[0].token_ids) == 32 + 1
-    assert [list(o.outputs[0].token_ids) for o in rest] == [alone[0], alone[2]]
+    with pytest.raises(ValueError, match="maximum context length is 32"):
+        small.generate([PROMPTS[1], PROMPTS[0]], [greedy_long, GREEDY], use_tqdm=False)
+    outputs = small.generate([PROMPTS[0], PROMPTS[2]], GREEDY, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == [alone[0], alone[2]]
     assert manager.num_free_blocks == manager.block_pool.num_usable_blocks
 
     # A prompt longer than the whole cache is refused up front, and leaves nothing behind.
-    with pytest.raises(ValueError, match="KV cache"):
+    with pytest.raises(ValueError, match="32"):
         small.generate(
             [PROMPTS[0], {"prompt_token_ids": [5] * 40}],
             SamplingParams(n=2, temperature=1.0, max_tokens=2),
             use_tqdm=False,
         )
-    engine = small.llm_engine
     assert not engine.has_unfinished_requests()
     assert engine.output_processor.states == {} and engine.output_processor.parents == {}
     assert manager.num_free_blocks == manager.block_pool.num_usable_blocks

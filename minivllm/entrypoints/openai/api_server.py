@@ -3,7 +3,13 @@
 `build_app` wires the handlers of the ``serving_*`` modules to routes and turns
 every failure into OpenAI's error body ``{"error": {message, type, param, code}}``:
 a malformed or wrongly typed body is a 400 (FastAPI's 422 is overridden), an
-unknown model a 404, a missing or wrong API key a 401.
+unknown model a 404, a missing or wrong API key a 401 (with ``WWW-Authenticate:
+Bearer``), a body larger than ``max_request_body_bytes`` a 413.  The OpenAPI
+document at /openapi.json lists exactly these answers.
+
+With an API key, every route needs it except `server_utils.OPEN_PATHS` (health, version,
+metrics and the API docs); that includes /tokenize and /detokenize, which vLLM
+leaves open, because they run the tokenizer and chat template on any input.
 
 Shutdown (SIGTERM or Ctrl-C): uvicorn stops accepting connections while the engine
 stops accepting requests; running requests may finish for ``shutdown_timeout``
@@ -17,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import copy
-import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
@@ -28,20 +33,35 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from minivllm import __version__
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
 from minivllm.entrypoints.openai.protocol import (
+    UNION_TAGS,
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
+    DetokenizeResponse,
+    ModelList,
     TokenizeRequest,
+    TokenizeResponse,
+)
+from minivllm.entrypoints.openai.server_utils import (
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    GENERATION_ERRORS,
+    SSE_CONTENT,
+    APIKeyMiddleware,
+    BodySizeLimitMiddleware,
+    documented_errors,
+    error_response,
+    openapi_schema,
 )
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from minivllm.entrypoints.openai.serving_engine import OpenAIServingError
+from minivllm.entrypoints.openai.serving_engine import OpenAIServingError, TokenizerPool
 from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
 from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from minivllm.logger import init_logger
@@ -52,36 +72,13 @@ SHUTDOWN_GRACE_S = 5.0
 """Extra seconds uvicorn waits after shutdown_timeout for aborted streams to close."""
 
 
-def error_response(err: OpenAIServingError) -> JSONResponse:
-    return JSONResponse(err.to_response().model_dump(), status_code=int(err.status))
-
-
-class APIKeyMiddleware:
-    """Pure ASGI middleware (streaming-safe): ``/v1`` routes need ``Bearer <api_key>``."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] != "OPTIONS":
-            if scope["path"].startswith("/v1"):
-                given = dict(scope["headers"]).get(b"authorization", b"")
-                if not hmac.compare_digest(given, self.expected):
-                    err = OpenAIServingError(
-                        "Unauthorized: a valid API key is needed (Authorization: Bearer <key>)",
-                        HTTPStatus.UNAUTHORIZED,
-                    )
-                    await error_response(err)(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
-
-
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     """A readable message and the offending field for a body that failed validation."""
     parts, param = [], None
     for error in exc.errors():
         loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        if loc and loc[0] in UNION_TAGS:
+            loc = loc[1:]  # which form of the body was meant, not a field
         if error.get("type") == "json_invalid":
             detail = (error.get("ctx") or {}).get("error", "")
             return f"malformed JSON body: {detail or error.get('msg')}", None
@@ -127,6 +124,8 @@ def build_app(
     api_key: str | None = None,
     max_log_len: int | None = None,
     stat_logger: PrometheusStatLogger | None = None,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    trust_request_chat_template: bool = False,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` (``stat_logger`` backs ``/metrics``)."""
     mc = engine.model_config
@@ -137,21 +136,34 @@ def build_app(
         tokenizer = copy.deepcopy(engine.get_tokenizer())
     except Exception:  # pragma: no cover - a tokenizer that cannot be copied is shared
         tokenizer = engine.get_tokenizer()
-    completion = OpenAIServingCompletion(engine, models, tokenizer, max_log_len)
-    chat = OpenAIServingChat(engine, models, tokenizer, max_log_len)
-    tokenization = OpenAIServingTokenization(engine, models, tokenizer, max_log_len)
+    pool = TokenizerPool(tokenizer)
+    common: dict[str, Any] = {"max_log_len": max_log_len, "pool": pool}
+    trust = {"trust_request_chat_template": trust_request_chat_template}
+    completion = OpenAIServingCompletion(engine, models, tokenizer, **common)
+    chat = OpenAIServingChat(engine, models, tokenizer, **common, **trust)
+    tokenization = OpenAIServingTokenization(engine, models, tokenizer, **common, **trust)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        pool.shutdown()
         timeout = float(getattr(engine.vllm_config, "shutdown_timeout", 0) or 0)
         await asyncio.to_thread(engine.shutdown, timeout)
 
     app = FastAPI(title="minivllm OpenAI-compatible API", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     app.state.stat_logger = stat_logger
+    # The last middleware added runs first: the key is checked before any body is read.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_body_bytes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_schema(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(OpenAIServingError)
     async def _serving_error(request: Request, exc: OpenAIServingError) -> JSONResponse:
@@ -165,28 +177,40 @@ def build_app(
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         status = HTTPStatus(exc.status_code)
-        return error_response(OpenAIServingError(str(exc.detail), status))
+        # Keeps the headers the status needs (Allow on a 405, for one).
+        return error_response(OpenAIServingError(str(exc.detail), status), exc.headers)
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in %s", request.url.path)
         return error_response(OpenAIServingError.from_exception(exc))
 
-    @app.get("/health")
+    @app.get(
+        "/health",
+        response_class=Response,
+        responses={
+            200: {"description": "The engine is up (empty body)"},
+            503: {"description": "The engine has stopped (empty body)"},
+        },
+    )
     async def health() -> Response:
         status = HTTPStatus.SERVICE_UNAVAILABLE if engine.errored else HTTPStatus.OK
         return Response(status_code=int(status))
 
     @app.get("/version")
-    async def version() -> JSONResponse:
-        return JSONResponse({"version": __version__})
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"description": "Prometheus metrics", "content": {"text/plain": {}}}},
+    )
     async def metrics() -> Response:
         body = stat_logger.render() if stat_logger is not None else b""
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=documented_errors(401))
     async def show_models() -> JSONResponse:
         return JSONResponse(models.show_available_models().model_dump(mode="json"))
 
@@ -205,23 +229,41 @@ def build_app(
     complete = _handler(completion.create_completion)
     chat_complete = _handler(chat.create_chat_completion)
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses={200: {"content": SSE_CONTENT}, **GENERATION_ERRORS},
+    )
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
         return await complete(request, raw_request)
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletionResponse,
+        responses={200: {"content": SSE_CONTENT}, **GENERATION_ERRORS},
+    )
     async def create_chat_completion(
         request: ChatCompletionRequest, raw_request: Request
     ) -> Response:
         return await chat_complete(request, raw_request)
 
-    @app.post("/tokenize")
+    @app.post(
+        "/tokenize",
+        response_model=TokenizeResponse,
+        responses=documented_errors(400, 401, 404, 413),
+    )
     async def tokenize(request: TokenizeRequest) -> JSONResponse:
-        return JSONResponse(tokenization.tokenize(request).model_dump(mode="json"))
+        result = await tokenization.tokenize(request)
+        return JSONResponse(result.model_dump(mode="json"))
 
-    @app.post("/detokenize")
+    @app.post(
+        "/detokenize",
+        response_model=DetokenizeResponse,
+        responses=documented_errors(400, 401, 404, 413),
+    )
     async def detokenize(request: DetokenizeRequest) -> JSONResponse:
-        return JSONResponse(tokenization.detokenize(request).model_dump(mode="json"))
+        result = await tokenization.detokenize(request)
+        return JSONResponse(result.model_dump(mode="json"))
 
     return app
 
@@ -266,7 +308,12 @@ def run_server(args: argparse.Namespace) -> int:
     stat_logger = PrometheusStatLogger(mc.served_model_name, mc.max_model_len, registry)
     engine = AsyncLLM(LLMEngine(vllm_config), stat_loggers=[stat_logger])
     app = build_app(
-        engine, api_key=args.api_key, max_log_len=args.max_log_len, stat_logger=stat_logger
+        engine,
+        api_key=args.api_key,
+        max_log_len=args.max_log_len,
+        stat_logger=stat_logger,
+        max_request_body_bytes=args.max_request_body_bytes,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
     print(config_summary(engine, args.host, args.port, args.api_key), flush=True)
 

@@ -8,16 +8,30 @@ type is a validation error, which the server turns into a 400.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from minivllm.logger import init_logger
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.sampling_params import MAX_SEED, MIN_SEED, RequestOutputKind, SamplingParams
 
 logger = init_logger(__name__)
+
+MAX_N = 128
+"""The most completions one request may ask for (OpenAI's cap on ``n``)."""
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def random_id(prefix: str) -> str:
@@ -35,6 +49,40 @@ class OpenAIBaseModel(BaseModel):
         if extra:
             logger.warning("%s: ignoring unknown field(s) %s", type(self).__name__, sorted(extra))
         return self
+
+
+def _find_surrogate(value: Any) -> str | None:
+    """The first lone UTF-16 surrogate in the strings of ``value`` (JSON allows one as a
+    ``\\udXXX`` escape, but it is not text: tokenizers and UTF-8 encoders reject it)."""
+    if isinstance(value, str):
+        match = _SURROGATE.search(value)
+        return match.group() if match else None
+    if isinstance(value, dict):
+        items: Any = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return None
+    for item in items:
+        found = _find_surrogate(item)
+        if found is not None:
+            return found
+    return None
+
+
+class OpenAIRequest(OpenAIBaseModel):
+    """Base of request bodies: every string must be valid Unicode text."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, value: Any) -> Any:
+        found = _find_surrogate(value)
+        if found is not None:
+            raise ValueError(
+                f"contains a lone UTF-16 surrogate (U+{ord(found):04X}), which is not valid "
+                "text; a \\u escape of a surrogate must be one half of a pair"
+            )
+        return value
 
 
 class ErrorInfo(OpenAIBaseModel):
@@ -67,35 +115,42 @@ class UsageInfo(OpenAIBaseModel):
     completion_tokens: int | None = 0
 
 
-class SamplingRequest(OpenAIBaseModel):
-    """Fields shared by completion and chat requests (vLLM's sampling extensions included)."""
+class SamplingRequest(OpenAIRequest):
+    """Fields shared by completion and chat requests (vLLM's sampling extensions included).
+
+    The ranges (ge/le) are the ones `SamplingParams` enforces, so they show in the
+    OpenAPI schema; the model-dependent caps (max_logprobs, the context length, token
+    ids in the vocabulary) are checked by the engine.
+    """
 
     model: str | None = None
-    frequency_penalty: float | None = 0.0
-    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    n: int = 1
-    seed: int | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
     user: str | None = None
     # vLLM extensions
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     allowed_token_ids: list[int] | None = None
-    prompt_logprobs: int | None = None
+    prompt_logprobs: int | None = Field(None, ge=-1)
     priority: int = 0
     request_id: str | None = None
+    """Shown as the response's ``id``; the engine runs the request under an id the server
+    makes unique, so two requests with one id never touch each other."""
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this request; ValueError names the field at fault."""
@@ -144,9 +199,9 @@ class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``."""
 
     prompt: list[int] | list[list[int]] | str | list[str]
-    max_tokens: int | None = 16
+    max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=-1)
     suffix: str | None = None
     best_of: int | None = None
     add_special_tokens: bool = True
@@ -210,7 +265,7 @@ class CompletionStreamResponse(_StreamChunk):
 
 
 # -- chat --------------------------------------------------------------------------
-class ChatMessage(OpenAIBaseModel):
+class ChatMessage(OpenAIRequest):
     """One message of a conversation (content: text or a list of text parts)."""
 
     role: str
@@ -234,16 +289,19 @@ class ChatCompletionRequest(SamplingRequest):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage]
-    max_tokens: int | None = None
+    max_tokens: int | None = Field(None, ge=1)
     """Deprecated by OpenAI in favour of max_completion_tokens; still honoured."""
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = 0
+    top_logprobs: int | None = Field(0, ge=0)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template: str | None = None
+    """A Jinja template to use instead of the model's; refused (400) unless the server
+    runs with --trust-request-chat-template."""
     chat_template_kwargs: dict[str, Any] | None = None
+    """Extra variables for the chat template."""
 
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens
@@ -331,7 +389,7 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard] = Field(default_factory=list)
 
 
-class TokenizeCompletionRequest(OpenAIBaseModel):
+class TokenizeCompletionRequest(OpenAIRequest):
     """``POST /tokenize`` with a prompt."""
 
     model: str | None = None
@@ -339,7 +397,7 @@ class TokenizeCompletionRequest(OpenAIBaseModel):
     add_special_tokens: bool = True
 
 
-class TokenizeChatRequest(OpenAIBaseModel):
+class TokenizeChatRequest(OpenAIRequest):
     """``POST /tokenize`` with chat messages (rendered with the chat template)."""
 
     model: str | None = None
@@ -350,7 +408,21 @@ class TokenizeChatRequest(OpenAIBaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
+def _tokenize_kind(body: Any) -> str:
+    if isinstance(body, dict):
+        return "chat" if "messages" in body else "completion"
+    return "chat" if isinstance(body, TokenizeChatRequest) else "completion"
+
+
+TokenizeRequest = Annotated[
+    Annotated[TokenizeCompletionRequest, Tag("completion")]
+    | Annotated[TokenizeChatRequest, Tag("chat")],
+    Discriminator(_tokenize_kind),
+]
+"""A body with ``messages`` is a chat request, any other a prompt (so a validation
+error names the fields of the form the client meant, not of both)."""
+UNION_TAGS = frozenset({"completion", "chat"})
+"""Tags of `TokenizeRequest`'s members, which lead the ``loc`` of its validation errors."""
 
 
 class TokenizeResponse(OpenAIBaseModel):
@@ -360,7 +432,7 @@ class TokenizeResponse(OpenAIBaseModel):
     token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(OpenAIRequest):
     model: str | None = None
     tokens: list[int]
 

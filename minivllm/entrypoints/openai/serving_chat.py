@@ -29,9 +29,11 @@ from minivllm.entrypoints.openai.serving_engine import (
     OpenAIServing,
     OpenAIServingError,
     clamp_logprob,
+    engine_request_id,
     sse,
     sse_error,
     sse_usage,
+    start_streams,
     stream_usage_options,
     usage_of,
 )
@@ -41,14 +43,33 @@ ROLE = "assistant"
 """The role of every generated message."""
 
 
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
+"""vLLM's message for a request-supplied template the server does not trust."""
+
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message",
+     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "padding",
+     "truncation", "max_length", "return_tensors"}
+)  # fmt: skip
+"""Arguments of the template call itself, which chat_template_kwargs may not override."""
+
+
 class OpenAIServingChat(OpenAIServing):
     """Handler of the chat completions endpoint (and of chat-style /tokenize)."""
 
-    def render(self, request: ChatCompletionRequest | TokenizeChatRequest) -> list[int]:
-        """The prompt token ids of the request's conversation, rendered with its template
-        options (400 for content the template cannot take)."""
-        from minivllm.tokenizer import apply_chat_template
+    def __init__(self, *args: Any, trust_request_chat_template: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.trust_request_chat_template = trust_request_chat_template
 
+    async def render(
+        self, request: ChatCompletionRequest | TokenizeChatRequest
+    ) -> tuple[str, list[int]]:
+        """The prompt text and token ids of the request's conversation, rendered with its
+        template options in the tokenizer pool (400 for content the template cannot take,
+        or a template the server does not trust)."""
         add_generation_prompt = request.add_generation_prompt
         continue_final_message = request.continue_final_message
         if continue_final_message and add_generation_prompt:
@@ -56,6 +77,22 @@ class OpenAIServingChat(OpenAIServing):
                 "continue_final_message and add_generation_prompt cannot both be true",
                 param="continue_final_message",
             )
+        kwargs = dict(request.chat_template_kwargs or {})
+        template = request.chat_template
+        if template is None and "chat_template" in kwargs:
+            template = kwargs.pop("chat_template")  # vLLM accepts it there too
+        kwargs.pop("chat_template", None)
+        if template is not None and not self.trust_request_chat_template:
+            raise OpenAIServingError(UNTRUSTED_TEMPLATE, param="chat_template")
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+        if reserved:
+            raise OpenAIServingError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}: use the request's "
+                "own fields (add_generation_prompt, continue_final_message) instead",
+                param="chat_template_kwargs",
+            )
+        if continue_final_message:
+            kwargs["continue_final_message"] = True
         try:
             conversation = []
             for message in request.messages:
@@ -63,25 +100,13 @@ class OpenAIServingChat(OpenAIServing):
                 if message.name is not None:
                     entry["name"] = message.name
                 conversation.append(entry)
-            kwargs = dict(request.chat_template_kwargs or {})
-            if continue_final_message:
-                kwargs["continue_final_message"] = True
-            ids = apply_chat_template(
-                self.tokenizer,
-                conversation,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=True,
-                chat_template=request.chat_template,
-                **kwargs,
+            return await self.pool.run(
+                _render, conversation, add_generation_prompt, template, kwargs
             )
-        except OpenAIServingError:
-            raise
         except Exception as exc:  # jinja errors too: the messages do not fit the template
             raise OpenAIServingError(
                 f"cannot apply the chat template: {exc}", param="messages"
             ) from None
-        assert isinstance(ids, list)
-        return ids
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest
@@ -89,13 +114,15 @@ class OpenAIServingChat(OpenAIServing):
         """The response, or the SSE stream when ``stream`` is set."""
         model = self.check_model(request.model)
         params = self.make_params(request)
-        ids = self.render(request)
-        self.validate(ids, params)
+        text, ids = await self.render(request)
+        self.validate(ids, params, request.priority)
         request_id = request.request_id or random_id("chatcmpl")
-        self.log_request(request_id, self.tokenizer.decode(ids), ids, params)
-        generator = self.iterate(ids, params, request_id, request.priority)
+        engine_id = engine_request_id(request_id)
+        self.log_request(engine_id, text, ids, params)
+        generator = self.iterate(ids, params, engine_id, request.priority)
         created = int(time.time())
         if request.stream:
+            [generator] = await start_streams([generator])
             return self._stream(request, request_id, created, model, len(ids), generator)
         final: RequestOutput | None = None
         try:
@@ -211,3 +238,26 @@ class OpenAIServingChat(OpenAIServing):
         return ChatLogProbEntry(
             token=token, logprob=clamp_logprob(lp.logprob), bytes=list(token.encode("utf-8"))
         )
+
+
+def _render(
+    tokenizer: Any,
+    conversation: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    chat_template: str | None,
+    kwargs: dict[str, Any],
+) -> tuple[str, list[int]]:
+    """Runs in a tokenizer pool thread: the rendered prompt and its token ids."""
+    from minivllm.tokenizer import apply_chat_template
+
+    text = apply_chat_template(
+        tokenizer,
+        conversation,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        chat_template=chat_template,
+        **kwargs,
+    )
+    assert isinstance(text, str)
+    # As apply_chat_template(tokenize=True): the template already wrote BOS/role markers.
+    return text, list(tokenizer.encode(text, add_special_tokens=False))

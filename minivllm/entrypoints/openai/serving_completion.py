@@ -22,10 +22,12 @@ from minivllm.entrypoints.openai.serving_engine import (
     OpenAIServing,
     OpenAIServingError,
     clamp_logprob,
+    engine_request_id,
     merge_async_iterators,
     sse,
     sse_error,
     sse_usage,
+    start_streams,
     stream_usage_options,
     usage_of,
 )
@@ -35,22 +37,20 @@ from minivllm.outputs import Logprob, RequestOutput
 class OpenAIServingCompletion(OpenAIServing):
     """Handler of the completions endpoint."""
 
-    def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+    async def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
         """``(text or None, token ids)`` for each prompt of the request."""
         prompt = request.prompt
         if isinstance(prompt, str):
-            texts: list[str | list[int]] = [prompt]
+            items: list[str | list[int]] = [prompt]
         elif prompt and isinstance(prompt[0], (str, list)):
-            texts = list(prompt)  # type: ignore[arg-type]
+            items = list(prompt)  # type: ignore[arg-type]
         else:
-            texts = [prompt]  # type: ignore[list-item]
-        result: list[tuple[str | None, list[int]]] = []
-        for item in texts:
-            if isinstance(item, str):
-                result.append((item, self.encode(item, request.add_special_tokens)))
-            else:
-                result.append((None, list(item)))
-        return result
+            items = [prompt]  # type: ignore[list-item]
+        texts = [item for item in items if isinstance(item, str)]
+        encoded = iter(await self.encode(texts, request.add_special_tokens) if texts else [])
+        return [
+            (item, next(encoded)) if isinstance(item, str) else (None, list(item)) for item in items
+        ]
 
     async def create_completion(
         self, request: CompletionRequest
@@ -63,17 +63,19 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIServingError("best_of must equal n (or be unset)", param="best_of")
         params = self.make_params(request)
-        prompts = self._prompts(request)
+        prompts = await self._prompts(request)
         for _, ids in prompts:
-            self.validate(ids, params)
+            self.validate(ids, params, request.priority)
         request_id = request.request_id or random_id("cmpl")
+        engine_id = engine_request_id(request_id)
         generators = []
         for i, (text, ids) in enumerate(prompts):
-            sub_id = f"{request_id}-{i}"
+            sub_id = f"{engine_id}-{i}"
             self.log_request(sub_id, text, ids, params)
             generators.append(self.iterate(ids, params, sub_id, request.priority))
         created = int(time.time())
         if request.stream:
+            generators = await start_streams(generators)
             return self._stream(request, request_id, created, model, prompts, generators)
         return await self._full(request, request_id, created, model, prompts, generators)
 
@@ -223,24 +225,34 @@ def build_legacy_logprobs(
     A position without logprobs (the first prompt token) gets None entries.  Each
     top_logprobs dict holds the sampled token plus the ``num_top`` most likely ones.
     """
-    result = CompletionLogProbs()
+    tokens: list[str] = []
+    text_offset: list[int] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
     offset = initial_offset
     for token_id, position in zip(token_ids, logprobs, strict=False):
         entry = position.get(token_id) if position else None
         token = entry.decoded_token if entry and entry.decoded_token is not None else None
         token = token if token is not None else decode(token_id)
-        result.tokens.append(token)
-        result.text_offset.append(offset)
+        tokens.append(token)
+        text_offset.append(offset)
         offset += len(token)
         if position is None or entry is None:
-            result.token_logprobs.append(None)
-            result.top_logprobs.append(None)
+            token_logprobs.append(None)
+            top_logprobs.append(None)
             continue
-        result.token_logprobs.append(clamp_logprob(entry.logprob))
+        token_logprobs.append(clamp_logprob(entry.logprob))
         top: dict[str, float] = {}
         for tid, lp in position.items():
             if tid == token_id or (lp.rank is not None and lp.rank <= num_top):
                 name = lp.decoded_token if lp.decoded_token is not None else decode(tid)
                 top[name] = clamp_logprob(lp.logprob)
-        result.top_logprobs.append(top)
-    return result
+        top_logprobs.append(top)
+    # Passed to the constructor, not appended to its defaults: stream chunks are dumped
+    # with exclude_unset, which would drop fields it never saw set (sending "{}").
+    return CompletionLogProbs(
+        text_offset=text_offset,
+        token_logprobs=token_logprobs,
+        tokens=tokens,
+        top_logprobs=top_logprobs,
+    )

@@ -5,16 +5,25 @@ Handlers raise `OpenAIServingError`; `api_server` turns it into the JSON error
 body.  A ValueError from the engine's validation (bad sampling values, a prompt
 that does not fit the context) becomes a 400 whose ``param`` names the field when
 the message starts with it.
+
+Tokenization, chat-template rendering and detokenization of whole prompts run in
+`TokenizerPool` threads, never on the event loop: a huge prompt or a slow template
+delays only its own request, while /health and the token streams of others go on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import json
 import re
-from collections.abc import AsyncIterator
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -26,11 +35,14 @@ from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
+T = TypeVar("T")
 
 _ERROR_TYPES = {
     HTTPStatus.BAD_REQUEST: "BadRequestError",
     HTTPStatus.UNAUTHORIZED: "AuthenticationError",
     HTTPStatus.NOT_FOUND: "NotFoundError",
+    HTTPStatus.METHOD_NOT_ALLOWED: "MethodNotAllowedError",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "RequestTooLargeError",
     HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
     HTTPStatus.INTERNAL_SERVER_ERROR: "InternalServerError",
 }
@@ -38,7 +50,11 @@ _PARAM_NAMES = {
     "n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "stop",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
     "prompt_logprobs", "logit_bias", "allowed_token_ids", "stop_token_ids", "top_logprobs",
+    "priority",
 }  # fmt: skip
+
+TOKENIZER_THREADS = 2
+"""Threads that tokenize and render prompts (each with its own tokenizer copy)."""
 """Request fields a validation message may start with (reported as the error's param)."""
 
 
@@ -80,6 +96,45 @@ class OpenAIServingError(Exception):
         return cls(f"internal error: {exc!r}", HTTPStatus.INTERNAL_SERVER_ERROR)
 
 
+class TokenizerPool:
+    """Runs tokenizer work (encode, chat templates, decode) in worker threads.
+
+    A fast tokenizer is not safe to use from two threads at once, so every thread
+    works on its own deep copy of ``tokenizer``, made the first time it is needed.
+    """
+
+    def __init__(self, tokenizer: Any, num_threads: int = TOKENIZER_THREADS) -> None:
+        self._base = tokenizer
+        self._copy_lock = threading.Lock()
+        self._local = threading.local()
+        self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="minivllm-tokenize")
+
+    def _tokenizer(self) -> Any:
+        tokenizer = getattr(self._local, "tokenizer", None)
+        if tokenizer is None:
+            with self._copy_lock:
+                try:
+                    tokenizer = copy.deepcopy(self._base)
+                except Exception:  # pragma: no cover - an uncopyable tokenizer is shared
+                    tokenizer = self._base
+            self._local.tokenizer = tokenizer
+        return tokenizer
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(tokenizer, *args)`` in a pool thread, awaited without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(self._tokenizer(), *args))
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def engine_request_id(display_id: str) -> str:
+    """The id the engine runs a request under: the client's (or the response's) id made
+    unique, so that a client reusing an id can never abort or collide with another."""
+    return f"{display_id}-{uuid.uuid4().hex[:16]}"
+
+
 def _param_of(message: str) -> str | None:
     match = re.match(r"(?:Requested )?([a-z_]+)", message)
     if match and match.group(1) in _PARAM_NAMES:
@@ -98,11 +153,14 @@ class OpenAIServing:
         models: OpenAIServingModels,
         tokenizer: Any,
         max_log_len: int | None = None,
+        pool: TokenizerPool | None = None,
     ) -> None:
         self.engine = engine
         self.models = models
-        # The API thread's own tokenizer copy: the engine thread detokenizes with its own.
+        # The event loop's own tokenizer copy (the engine thread detokenizes with its own):
+        # only for single tokens; whole prompts go through the pool.
         self.tokenizer = tokenizer
+        self.pool = pool or TokenizerPool(tokenizer)
         self.max_log_len = max_log_len
         self.max_model_len: int = engine.model_config.max_model_len
 
@@ -123,14 +181,19 @@ class OpenAIServing:
         except ValueError as exc:
             raise OpenAIServingError.from_exception(exc) from None
 
-    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def validate(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> None:
         try:
-            self.engine.validate_request(prompt_ids, params)
+            self.engine.validate_request(prompt_ids, params, priority)
         except ValueError as exc:
             raise OpenAIServingError.from_exception(exc) from None
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of each text (tokenized in the pool)."""
+        return await self.pool.run(_encode_all, texts, add_special_tokens)
+
+    async def decode(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids`` (decoded in the pool)."""
+        return await self.pool.run(_decode, token_ids)
 
     def log_request(
         self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams
@@ -149,11 +212,65 @@ class OpenAIServing:
     async def iterate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str, priority: int
     ) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs for one prompt."""
+        """The engine's outputs for one prompt (``request_id``: from `engine_request_id`)."""
         async for output in self.engine.generate(
             {"prompt_token_ids": prompt_ids}, params, request_id, priority=priority
         ):
             yield output
+
+
+def _encode_all(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    return [list(tokenizer.encode(t, add_special_tokens=add_special_tokens)) for t in texts]
+
+
+def _decode(tokenizer: Any, token_ids: list[int]) -> str:
+    return str(tokenizer.decode(token_ids))
+
+
+async def start_streams(generators: list[AsyncIterator[T]]) -> list[AsyncIterator[T]]:
+    """Wait for the first item of every generator before a streaming answer starts, so
+    that a request the engine refuses gets its 4xx instead of a 200 and an error event.
+
+    The generators start together (their requests join one engine step); if any fails,
+    all are closed (aborting their requests) and the error is raised.
+    """
+    try:
+        results = await asyncio.gather(*(_first(g) for g in generators), return_exceptions=True)
+    except BaseException:  # cancelled (the client left): abort whichever already started
+        await _close_all(generators)
+        raise
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        await _close_all(generators)
+        raise OpenAIServingError.from_exception(errors[0]) from None
+    return [_chain(first, g) for first, g in zip(results, generators, strict=True)]
+
+
+async def _close_all(generators: list[AsyncIterator[Any]]) -> None:
+    for generator in generators:
+        with contextlib.suppress(Exception):
+            await generator.aclose()  # type: ignore[attr-defined]
+
+
+_EMPTY = object()
+
+
+async def _first(generator: AsyncIterator[T]) -> Any:
+    try:
+        return await generator.__anext__()
+    except StopAsyncIteration:
+        return _EMPTY
+
+
+async def _chain(first: Any, generator: AsyncIterator[T]) -> AsyncIterator[T]:
+    try:
+        if first is _EMPTY:
+            return
+        yield first
+        async for item in generator:
+            yield item
+    finally:
+        await generator.aclose()  # type: ignore[attr-defined]
 
 
 def usage_of(num_prompt_tokens: int, num_completion_tokens: int) -> UsageInfo:

@@ -16,15 +16,15 @@ from minivllm.entrypoints.openai.serving_engine import OpenAIServingError
 class OpenAIServingTokenization(OpenAIServingChat):
     """Tokenizes text or a chat conversation with the served model's tokenizer."""
 
-    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
-            ids = self.render(request)
+            _, ids = await self.render(request)
         else:
-            ids = self.encode(request.prompt, request.add_special_tokens)
+            [ids] = await self.encode([request.prompt], request.add_special_tokens)
         return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len, tokens=ids)
 
-    def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(request.model)
         vocab = self.engine.model_config.get_vocab_size()
         bad = [t for t in request.tokens if not 0 <= t < vocab]
@@ -32,4 +32,4 @@ class OpenAIServingTokenization(OpenAIServingChat):
             raise OpenAIServingError(
                 f"token id {bad[0]} is out of vocabulary (size {vocab})", param="tokens"
             )
-        return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))
+        return DetokenizeResponse(prompt=await self.decode(request.tokens))

@@ -34,7 +34,9 @@ class FakeEngine:
         self.vllm_config = None
         self.model_config = None
 
-    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def validate_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> None:
         if params.max_tokens is not None and len(prompt_token_ids) + params.max_tokens > 100:
             raise ValueError("max_model_len is 100")
 
@@ -226,7 +228,7 @@ def test_shutdown_lets_short_requests_finish_and_aborts_the_rest() -> None:
         assert 0.25 <= time.monotonic() - start < 3.0
         return results
 
-    fake.validate_request = lambda ids, p: None  # type: ignore[method-assign]
+    fake.validate_request = lambda ids, p, priority=0: None  # type: ignore[method-assign]
     short, long = asyncio.run(main())
     assert short[-1].outputs[0].finish_reason == "length"
     assert long[-1].outputs[0].finish_reason == "abort"

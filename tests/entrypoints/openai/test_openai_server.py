@@ -197,12 +197,14 @@ def test_chat_n2_logprobs_and_stop(client) -> None:  # noqa: ANN001
 
 def test_tokenize_detokenize(server, tokenizer) -> None:  # noqa: ANN001
     text = "Tokenize me, please."
-    resp = httpx.post(f"{server.url}/tokenize", json={"prompt": text}).json()
+    auth = {"Authorization": f"Bearer {API_KEY}"}  # the key guards these endpoints too
+    resp = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, headers=auth).json()
     assert resp["tokens"] == tokenizer.encode(text) and resp["count"] == len(resp["tokens"])
     assert resp["max_model_len"] == MAX_MODEL_LEN
-    back = httpx.post(f"{server.url}/detokenize", json={"tokens": resp["tokens"]}).json()
+    back = httpx.post(f"{server.url}/detokenize", json={"tokens": resp["tokens"]},
+                      headers=auth).json()  # fmt: skip
     assert back["prompt"] == text
-    chat = httpx.post(f"{server.url}/tokenize",
+    chat = httpx.post(f"{server.url}/tokenize", headers=auth,
                       json={"messages": [{"role": "user", "content": "hi"}]}).json()  # fmt: skip
     assert chat["count"] > 3
 

@@ -1,0 +1,181 @@
+"""Pieces of the API server that are not routes: the error response, the API-key and
+body-size middlewares (pure ASGI, so streaming is unaffected), and the OpenAPI
+document's error answers."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from minivllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+)
+from minivllm.entrypoints.openai.serving_engine import OpenAIServingError
+
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
+"""Default cap on a request body (16 MiB): a full 128k-token context as text or token
+ids fits with room to spare; larger bodies get a 413 before anything parses them."""
+
+OPEN_PATHS = frozenset({"/health", "/version", "/metrics", "/openapi.json", "/docs", "/redoc"})
+"""Paths that need no API key."""
+
+
+class _ErrorJSONResponse(JSONResponse):
+    """An error body, ASCII-escaped: it renders whatever text a message quotes."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def error_response(err: OpenAIServingError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return _ErrorJSONResponse(
+        err.to_response().model_dump(), status_code=int(err.status), headers=headers
+    )
+
+
+class APIKeyMiddleware:
+    """Pure ASGI middleware (streaming-safe): every path but `OPEN_PATHS` needs
+    ``Authorization: Bearer <api_key>``; a 401 says so in ``WWW-Authenticate``."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] != "OPTIONS"
+            and scope["path"] not in OPEN_PATHS
+        ):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                err = OpenAIServingError(
+                    "Unauthorized: a valid API key is needed (Authorization: Bearer <key>)",
+                    HTTPStatus.UNAUTHORIZED,
+                )
+                headers = {"WWW-Authenticate": "Bearer"}
+                await error_response(err, headers)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class BodyTooLargeError(StarletteHTTPException):
+    """The request body went past the server's limit while it was being read."""
+
+
+class BodySizeLimitMiddleware:
+    """Pure ASGI middleware: a body over ``max_bytes`` gets a 413 with OpenAI's error body.
+
+    The declared Content-Length is checked before anything is read; a body sent without
+    one (chunked) is counted as it streams in, and reading stops at the limit, so an
+    oversized body is never buffered, parsed or tokenized.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _error(self) -> OpenAIServingError:
+        return OpenAIServingError(
+            f"the request body is larger than this server's limit of {self.max_bytes} bytes "
+            "(--max-request-body-bytes); send a smaller request",
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(self._error())(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    err = self._error()
+                    raise BodyTooLargeError(int(err.status), err.message)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except BodyTooLargeError:
+            # Raised where nothing turned it into a response (outside a route).
+            if not started:
+                await error_response(self._error())(scope, receive, send)
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "Bad request: malformed JSON, a wrongly typed field or an out-of-range value",
+    401: "Missing or wrong API key (only when the server runs with --api-key)",
+    404: "The model named in the request is not served here",
+    413: "The request body is larger than --max-request-body-bytes",
+    500: "The engine failed while serving this request",
+    503: "The server is shutting down or its engine has stopped",
+}
+
+
+def documented_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error answers ``codes`` (all with OpenAI's error body)."""
+    return {
+        code: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[code]} for code in codes
+    }
+
+
+GENERATION_ERRORS = documented_errors(400, 401, 404, 413, 500, 503)
+SSE_CONTENT = {"text/event-stream": {"schema": {"type": "string"}}}
+"""A ``stream: true`` request is answered with server-sent events."""
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _exact_bounds(documented: Any, exact: Any) -> None:
+    """Copy pydantic's integer bounds over FastAPI's, which it turns into floats (2**64 - 1,
+    the largest seed, would read 1.8446744073709552e+19)."""
+    if isinstance(documented, dict) and isinstance(exact, dict):
+        for key, value in exact.items():
+            if key in _BOUNDS and isinstance(value, int):
+                documented[key] = value
+            elif key in documented:
+                _exact_bounds(documented[key], value)
+    elif isinstance(documented, list) and isinstance(exact, list):
+        for doc_item, exact_item in zip(documented, exact, strict=False):
+            _exact_bounds(doc_item, exact_item)
+
+
+def openapi_schema(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, less the 422 it lists for every body (this server answers
+    400 instead), with exact integer bounds."""
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    for path_item in schema.get("paths", {}).values():
+        for operation in path_item.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    for model in (CompletionRequest, ChatCompletionRequest):
+        if model.__name__ in schemas:
+            _exact_bounds(schemas[model.__name__], model.model_json_schema())
+    return schema

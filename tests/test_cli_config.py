@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from minivllm import __version__
-from minivllm.entrypoints.cli import main
+from minivllm.entrypoints.cli.main import main
 
 
 def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -84,9 +84,9 @@ def test_bad_value_subprocess_one_line_exit_2() -> None:
 def test_version_and_lazy_subcommands() -> None:
     code = (
         "import sys\n"
-        "from minivllm.entrypoints import cli\n"
+        "from minivllm.entrypoints.cli import main as cli\n"
         "cli.build_parser(['--version'])\n"
-        "heavy = [m for m in ('torch', 'minivllm.entrypoints.config_cmd', 'minivllm.config.model')"
+        "heavy = [m for m in ('torch', 'minivllm.entrypoints.cli.config', 'minivllm.config.model')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"
         "cli.main(['--version'])\n"

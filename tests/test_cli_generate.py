@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.cli_parser import FlexibleArgumentParser
-from minivllm.entrypoints.cli import main
-from minivllm.entrypoints.generate_cmd import OrderedWriter, make_headers
-from minivllm.entrypoints.sampling_args import add_sampling_args, sampling_params_from_args
+from minivllm.entrypoints.cli.generate import OrderedWriter, make_headers
+from minivllm.entrypoints.cli.main import main
+from minivllm.entrypoints.cli.sampling_args import add_sampling_args, sampling_params_from_args
 
 ENGINE_FLAGS = ["--dtype", "float32", "--num-gpu-blocks-override", "64", "-O0"]
 SAMPLING_FLAGS = ["--max-tokens", "8", "--temperature", "0"]

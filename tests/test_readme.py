@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from minivllm.entrypoints.cli import main
+from minivllm.entrypoints.cli.main import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -18,7 +18,7 @@ from minivllm.entrypoints.bench.serve_metrics import (
     compute_metrics,
     parse_goodput,
 )
-from minivllm.entrypoints.cli import build_parser, main
+from minivllm.entrypoints.cli.main import build_parser, main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

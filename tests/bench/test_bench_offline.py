@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from minivllm.entrypoints.cli import main
+from minivllm.entrypoints.cli.main import main
 
 ENGINE_FLAGS = ["-O0", "--num-gpu-blocks-override", "256", "--disable-tqdm"]
 

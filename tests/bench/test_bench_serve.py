@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from minivllm.entrypoints.cli import main
+from minivllm.entrypoints.cli.main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 METRICS = ("ttft", "tpot", "itl", "e2el")

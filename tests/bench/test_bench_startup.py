@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from minivllm.entrypoints.cli import main
+from minivllm.entrypoints.cli.main import main
 
 
 def test_bench_startup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from minivllm.entrypoints.sampling_args import add_sampling_args, sampling_params_from_args
+from minivllm.entrypoints.cli.sampling_args import add_sampling_args, sampling_params_from_args
 
 DEFAULT_MAX_TOKENS = 64
 """--max-tokens when not given: long enough to read, short enough to be quick."""

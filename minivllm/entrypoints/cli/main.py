@@ -21,22 +21,22 @@ from minivllm.engine.cli_parser import FlexibleArgumentParser
 SUBCOMMANDS: list[tuple[str, str, str]] = [
     (
         "config",
-        "minivllm.entrypoints.config_cmd",
+        "minivllm.entrypoints.cli.config",
         "Print the resolved engine configuration (--explain: where each value came from).",
     ),
     (
         "generate",
-        "minivllm.entrypoints.generate_cmd",
+        "minivllm.entrypoints.cli.generate",
         "Complete prompts (--stream: token by token).",
     ),
     (
         "chat",
-        "minivllm.entrypoints.chat_cmd",
+        "minivllm.entrypoints.cli.chat",
         "Chat with the model, reading user turns from stdin.",
     ),
     (
         "serve",
-        "minivllm.entrypoints.serve_cmd",
+        "minivllm.entrypoints.cli.serve",
         "Serve a model over an OpenAI-compatible HTTP API.",
     ),
     ("bench", "minivllm.entrypoints.bench.cli", "Benchmark throughput, latency, serving, start-up"),

@@ -20,7 +20,7 @@ from minivllm.attention.backends import get_attn_backend
 from minivllm.attention.forward_context import get_forward_context
 from minivllm.attention.ops import compute_kv_scale
 from minivllm.attention.paged_kv import is_fp8
-from minivllm.config.vllm_context import get_current_vllm_config_or_none
+from minivllm.config.vllm import get_current_vllm_config_or_none
 from minivllm.torch_ops import register_op
 
 

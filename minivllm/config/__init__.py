@@ -53,8 +53,8 @@ from minivllm.config.unsupported.speculative import SpeculativeConfig
 from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
-from minivllm.config.vllm import VllmConfig
-from minivllm.config.vllm_context import (
+from minivllm.config.vllm import (
+    VllmConfig,
     get_cached_compilation_config,
     get_current_vllm_config,
     get_layers_from_vllm_config,

@@ -16,19 +16,22 @@ counts as user-set when it differs from its class default before resolution.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
-import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+import importlib.metadata
+import json
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import InitVar, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from minivllm.config import vllm_rules as rules
 from minivllm.config.attention import AttentionConfig
 from minivllm.config.cache import CacheConfig
 from minivllm.config.compilation import CompilationConfig
 from minivllm.config.compilation.cudagraph_sizes import set_compile_ranges, set_cudagraph_sizes
-from minivllm.config.compilation.modes import CompilationMode
+from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.config.device import DeviceConfig
 from minivllm.config.kernel import KernelConfig
 from minivllm.config.load import LoadConfig
@@ -50,8 +53,9 @@ from minivllm.config.optimization import (
 )
 from minivllm.config.parallel import ParallelConfig
 from minivllm.config.profiler import ProfilerConfig
-from minivllm.config.provenance import Origin, Provenance, Source, flatten
+from minivllm.config.provenance import Provenance
 from minivllm.config.quantization import QuantizationConfig, get_quant_config
+from minivllm.config.resolution import resolve
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.unsupported.aux_output import AuxOutputConfig
 from minivllm.config.unsupported.diffusion import DiffusionConfig
@@ -68,65 +72,49 @@ from minivllm.config.unsupported.speculative import SpeculativeConfig
 from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
-from minivllm.config.utils import config
-from minivllm.config.vllm_context import (
-    get_cached_compilation_config,
-    get_current_vllm_config,
-    get_layers_from_vllm_config,
-    set_current_vllm_config,
-)
-from minivllm.config.vllm_derived import VllmConfigDerived
+from minivllm.config.utils import config, get_hash_factors, hash_factors
 from minivllm.logger import init_logger
 from minivllm.platforms import current_platform
 
 logger = init_logger(__name__)
 
+T = TypeVar("T")
 
-def _short(value: Any) -> str:
-    text = repr(value) if not isinstance(value, str) else value
-    if isinstance(value, list) and len(value) > 8:
-        text = f"[{', '.join(map(str, value[:4]))}, ..., {value[-1]}] ({len(value)} items)"
-    return text
+_HASHED_SUBCONFIGS = (
+    "model_config",
+    "cache_config",
+    "parallel_config",
+    "scheduler_config",
+    "device_config",
+    "load_config",
+    "offload_config",
+    "attention_config",
+    "engram_config",
+    "lora_config",
+    "speculative_config",
+    "structured_outputs_config",
+    "profiler_config",
+    "observability_config",
+    "compilation_config",
+    "kernel_config",
+    "kv_transfer_config",
+    "ec_transfer_config",
+    "aux_output_config",
+)
+"""Sub-configs whose own hash enters `VllmConfig.compute_hash`, in the seed's order.
+Everything else (instance_id, logging, shutdown_timeout, performance_mode and the
+level, which act only through the fields they set) cannot change the compiled graph."""
 
 
-def _reason(why: str) -> Callable[[str, Any, Any], str]:
-    """Per-field reason text: ``"<field> <before> -> <after>: <why>"``."""
-
-    def word(path: str, before: Any, after: Any) -> str:
-        return f"{path.rsplit('.', 1)[-1]} {_short(before)} -> {_short(after)}: {why}"
-
-    return word
-
-
-class _ChainedProvenance(Provenance):
-    """`Provenance` whose steps reuse the previous step's "after" snapshot as their
-    "before": resolution changes fields only inside steps, and flattening the whole
-    tree is the dominant cost of building a config."""
-
-    def __init__(self, root: Any) -> None:
-        super().__init__(root)
-        self._snapshot: dict[str, Any] | None = None
-
-    @contextmanager
-    def step(
-        self, source: Source, rule: str, reason: str | Callable[[str, Any, Any], str] = ""
-    ) -> Iterator[None]:
-        before = self._snapshot if self._snapshot is not None else flatten(self._root)
-        try:
-            yield
-        finally:
-            after = flatten(self._root)
-            self._snapshot = after
-        for path, value in after.items():
-            if path in before and before[path] == value:
-                continue
-            old = before.get(path)
-            text = reason(path, old, value) if callable(reason) else reason
-            self.origins[path] = Origin(source, rule, text, old)
+def _version() -> str:
+    try:
+        return importlib.metadata.version("minivllm")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
+        return "0+unknown"
 
 
 @config
-class VllmConfig(VllmConfigDerived):
+class VllmConfig:
     """All configuration of one minivllm engine, resolved for the current platform."""
 
     model_config: ModelConfig | None = None
@@ -207,225 +195,134 @@ class VllmConfig(VllmConfigDerived):
 
     # -- resolution ------------------------------------------------------------
     def __post_init__(self, user_set_paths: frozenset[str] | None = None) -> None:
-        self._provenance: Provenance = _ChainedProvenance(self)
-        self._provenance.mark_user(self._resolve_user_paths(user_set_paths))
-        if self.shutdown_timeout < 0:
-            raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}.")
-        if not self.instance_id:
-            # A unique name per engine (profiles, traces); the user's choice is kept.
-            self.instance_id = f"{time.time_ns()}"
-        if self.performance_mode != "balanced":
-            logger.info("Performance mode set to %r.", self.performance_mode)
-        self._check_supported()
+        # The ordered resolution (minivllm/config/resolution.py) records every change.
+        self._provenance: Provenance = resolve(self, user_set_paths)
 
-        with self._step("rule", "try_verify_and_update_config", "model-specific config hook"):
-            self.try_verify_and_update_config()
-        self._verify_with_model()
-        if self.quant_config is None and self.model_config is not None:
-            with self._step("rule", "quant_config", "derived from model_config.quantization"):
-                self.quant_config = self._get_quantization_config(
-                    self.model_config, self.load_config
-                )
-        with self._step("rule", "async_scheduling", "async scheduling default"):
-            rules.resolve_async_scheduling(self)
-        with self._step("rule", "nccl_for_dp_sync", "follows async_scheduling"):
-            rules.resolve_nccl_for_dp_sync(self)
-        if (
-            self.observability_config.per_request_spec_decode_metrics != "none"
-            and self.speculative_config is None
-        ):
-            raise ValueError(
-                "per_request_spec_decode_metrics needs speculative decoding, which is off; "
-                "set it to 'none'."
-            )
-        rules.warn_turing_fp32(self)
-        with self._step("rule", "enforce_eager", "enforce_eager turns compile and graphs off"):
-            rules.apply_enforce_eager(self)
-        with self._step("rule", "TORCH_COMPILE_DISABLE", "TORCH_COMPILE_DISABLE is set"):
-            rules.apply_torch_compile_disable(self)
-        with self._step("rule", "breakable_cudagraph", "breakable CUDA graphs need no compile"):
-            breakable = rules.breakable_cudagraph_enabled(self)
-        rules.warn_inductor_disabled(self, breakable)
-        with self._step("rule", "blocked_weights_quant_fp8", "block-quantized weights"):
-            # The CUDA fp8 quant kernel beats the native one for block-wise scales.
-            if self.quant_config is not None and self.quant_config.has_blocked_weights():
-                if "-quant_fp8" not in self.compilation_config.custom_ops:
-                    self.compilation_config.custom_ops.append("+quant_fp8")
-        with self._step("platform", "apply_config_platform_defaults", self._platform_why()):
-            current_platform.apply_config_platform_defaults(self)
-        level = f"-O{int(self.optimization_level)}"
-        with self._step("rule", "default_compilation_mode", f"default mode at {level}"):
-            rules.default_compilation_mode(self)
-        with self._step("rule", "ir_enable_torch_wrap", "on only for VLLM_COMPILE + inductor"):
-            rules.default_ir_torch_wrap(self)
-        with self._step("rule", "default_custom_ops", "base custom-op mode for this backend"):
-            rules.default_custom_ops(self)
-        # Op priorities: after mode and backend are known, before the fusion predicates.
-        with self._step("platform", "kernel_config.set_platform_defaults", "kernel defaults"):
-            self.kernel_config.set_platform_defaults(self)
-        with self._step("level", "_apply_optimization_level_defaults", f"default of {level}"):
-            self._apply_optimization_level_defaults(
-                OPTIMIZATION_LEVEL_TO_CONFIG[self.optimization_level]
-            )
-        assert self.kernel_config.enable_flashinfer_autotune is not None, "every level sets it"
-        with self._step("rule", "_normalize_piecewise_cudagraph_mode", self._piecewise_why()):
-            self._normalize_piecewise_cudagraph_mode(breakable_cudagraph_enabled=breakable)
-        with self._step("rule", "fast_moe_cold_start", "superseded on torch >= 2.11"):
-            rules.resolve_fast_moe_cold_start(self)
-        self._resolve_attention_backend()
-        self._resolve_static_graphs()
-        self._warn_unused_settings()
-        with self._step("platform", "check_and_update_config", self._platform_why()):
-            current_platform.check_and_update_config(self)
-        with self._step("rule", "_normalize_piecewise_cudagraph_mode", self._piecewise_why()):
-            self._normalize_piecewise_cudagraph_mode(breakable_cudagraph_enabled=breakable)
-        rules.validate_model_runner(self)
-        with self._step("rule", "_set_compile_ranges", "compile ranges end at the token budget"):
-            self._set_compile_ranges()
-        with self._step("rule", "set_splitting_ops_for_v1", "graph split points for this mode"):
-            self.compilation_config.set_splitting_ops_for_v1(
-                all2all_backend=getattr(self.parallel_config, "all2all_backend", "allgather"),
-                # Data parallelism only couples the ranks' graphs for MoE models.
-                data_parallel_size=self._effective_dp_size(),
-            )
-        backend = self.attention_config.backend
-        assert backend is not None, "_resolve_attention_backend chose one"
-        why = rules.attention_cudagraph_why(backend)
-        with self._step("rule", "resolve_cudagraph_mode_and_sizes", why):
-            rules.apply_attention_cudagraph_support(self)
-        rules.check_final_cudagraph_mode(self, breakable)
-        with self._step("rule", "hybrid_kv_cache_manager", self._hma_why()):
-            rules.resolve_hybrid_kv_cache_manager(self)
-        with self._step("rule", "debug_dump_path", "made absolute"):
-            rules.absolutize_debug_dump_path(self)
-        self.compilation_config.pass_config.log_enabled_passes()
-        self.validate_block_size()
+    # -- derived values -----------------------------------------------------------
 
-    def _check_supported(self) -> None:
-        """Every sub-config re-checks that minivllm can honour it; the sub-configs of
-        subsystems minivllm lacks (LoRA, speculative decoding, KV transfer, ...) raise
-        `ValueError` here when set."""
-        for f in dataclasses.fields(self):
-            check = getattr(getattr(self, f.name), "check_supported", None)
-            if callable(check):
-                check()
+    def compile_debug_dump_path(self) -> Path | None:
+        """Where this rank dumps torch.compile debug output, or None when not dumping."""
+        base = self.compilation_config.debug_dump_path
+        if base is None:
+            return None
+        parallel = self.parallel_config
+        return Path(base) / f"rank_{parallel.rank}_dp_{parallel.data_parallel_index}"
 
-    def _step(self, source: Source, rule: str, why: str) -> AbstractContextManager[None]:
-        return self._provenance.step(source, rule, _reason(why))
-
-    def _platform_why(self) -> str:
-        return f"{current_platform!r} platform rule"
-
-    def _piecewise_why(self) -> str:
-        mode = self.compilation_config.mode
-        name = mode.name if isinstance(mode, CompilationMode) else mode
-        return f"piecewise CUDA graphs need VLLM_COMPILE, mode is {name}"
-
-    def _hma_why(self) -> str:
-        if not current_platform.support_hybrid_kv_cache():
-            return f"{current_platform!r} has no hybrid KV cache support"
-        return "hybrid KV cache manager default"
-
-    def _resolve_attention_backend(self) -> None:
-        """Check the user's attention backend, or record the one the platform runs."""
-        attention = self.attention_config
-        device_type = self.device_config.device_type
-        if attention.backend is not None:
-            current_platform.check_attention_backend(attention.backend, device_type)
-            return
-        choice = current_platform.choose_attention_backend(device_type)
-        with self._step("platform", "choose_attention_backend", choice.reason):
-            attention.backend = choice.name
-
-    def _resolve_static_graphs(self) -> None:
-        if not current_platform.support_static_graph_mode():
-            why = f"{current_platform!r} has no CUDA graphs (no static graph mode)"
-            with self._step("platform", "support_static_graph_mode", why):
-                rules.disable_static_graphs(self)
-            return
-        device_type = self.device_config.device_type
-        if device_type != "cuda":
-            why = f"the device is {device_type}, and CUDA graphs need a CUDA device"
-            with self._step("rule", "device_type", why):
-                rules.disable_static_graphs(self)
-            return
-        with self._step("rule", "cudagraph_mode_for_model", "unsupported by this kind of model"):
-            rules.adjust_cudagraph_mode_for_model(self)
-        eager = self.model_config is not None and self.model_config.enforce_eager
-        why = (
-            "enforce_eager turns CUDA graphs off"
-            if eager
-            else "graphs are captured, so each size gets one warm-up run first"
-        )
-        with self._step("rule", "enforce_eager_cudagraphs", why):
-            rules.apply_eager_cudagraphs(self)
-        with self._step("rule", "_set_cudagraph_sizes", self._sizes_why()):
-            self._set_cudagraph_sizes()
-
-    def _sizes_why(self) -> str:
-        sched = self.scheduler_config
-        return (
-            f"capture grid for max_num_seqs={sched.max_num_seqs}, "
-            f"max_num_batched_tokens={sched.max_num_batched_tokens}, "
-            f"performance_mode={self.performance_mode}, "
-            f"ceiling {current_platform.default_max_cudagraph_capture_size()}"
-        )
-
-    def _verify_with_model(self) -> None:
-        # Models may have supplied their own context-parallel defaults; fill the rest.
-        with self._step("rule", "set_dcp_defaults", "context-parallel defaults"):
-            self.parallel_config.set_dcp_defaults()
-        model = self.model_config
-        if model is None:
-            return
-        model.verify_with_parallel_config(self.parallel_config)
-        with self._step("rule", "is_moe_model", "copied from the model"):
-            self.parallel_config.is_moe_model = model.is_moe
-
-    def _warn_unused_settings(self) -> None:
-        if getattr(self.cache_config, "kv_sharing_fast_prefill", False):
-            logger.warning(
-                "kv_sharing_fast_prefill needs model-side support to be correct and to save "
-                "prefill work."
-            )
-
-    def _effective_dp_size(self) -> int:
-        model = self.model_config
-        if model is None or getattr(model, "is_moe", False):
-            return getattr(self.parallel_config, "data_parallel_size", 1)
-        return 1
-
-    def _resolve_user_paths(self, user_set_paths: frozenset[str] | None) -> set[str]:
-        """The explicit paths (validated), or those inferred from class defaults."""
-        names = {f.name for f in dataclasses.fields(self)}
-        if user_set_paths is not None:
-            unknown = sorted(p for p in user_set_paths if p.split(".", 1)[0] not in names)
-            if unknown:
-                raise ValueError(
-                    f"user_set_paths {unknown} do not name VllmConfig fields; use dotted "
-                    "paths such as 'scheduler_config.max_num_seqs'."
-                )
-            return set(user_set_paths)
-        return self._infer_user_paths()
-
-    def _infer_user_paths(self) -> set[str]:
-        paths: set[str] = set()
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "model_config":
-                if value is not None:
-                    paths.add("model_config.model")
-                continue
-            if f.default_factory is not dataclasses.MISSING:
-                try:
-                    default = f.default_factory()
-                except (ValueError, TypeError):  # needs input to build: no default to compare
-                    continue
+    # -- hashing ---------------------------------------------------------------------
+    def compute_hash(self, include_version: bool = True) -> str:
+        """10 hex characters identifying everything that shapes the compiled graph
+        (input ids to final hidden states): each hashed sub-config's own hash, the
+        additional config and, by default, the minivllm version."""
+        factors: list[Any] = [_version()] if include_version else []
+        for name in _HASHED_SUBCONFIGS:
+            sub = getattr(self, name, None)
+            if sub is None:
+                factors.append("None")
+            elif callable(getattr(sub, "compute_hash", None)):
+                factors.append(sub.compute_hash())
             else:
-                default = f.default
-            now, then = flatten(value, f.name), flatten(default, f.name)
-            paths.update(p for p, v in now.items() if p not in then or then[p] != v)
-        return paths
+                factors.append(hash_factors(get_hash_factors(sub, set())))
+        extra = self.additional_config
+        if not extra:
+            factors.append("None")
+        elif isinstance(extra, dict):
+            factors.append(hash_factors(json.loads(json.dumps(extra, sort_keys=True))))
+        else:
+            factors.append(extra.compute_hash())
+        return hash_factors(factors)[:10]
+
+    # -- derived properties ------------------------------------------------------
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Draft tokens per step (0: no speculative decoding, which minivllm lacks)."""
+        spec = self.speculative_config
+        if spec is not None and spec.num_speculative_tokens is not None:
+            return spec.num_speculative_tokens
+        diffusion = self.diffusion_config
+        if diffusion is not None and diffusion.canvas_length is not None:
+            return diffusion.canvas_length
+        return 0
+
+    @property
+    def uniform_decode_query_len(self) -> int:
+        """Query tokens per request in a uniform decode batch: the sampled token plus
+        one per draft token."""
+        return 1 + self.num_speculative_tokens
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots to reserve past the scheduled tokens for a drafter (0 without one)."""
+        return 0 if self.speculative_config is None else self.num_speculative_tokens
+
+    @property
+    def num_prefill_lookahead_tokens(self) -> int:
+        """Prefill tokens past the computed range a drafter reads (0 without one)."""
+        return 0
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Batches in flight: one per pipeline stage, two with async scheduling (PP=1)."""
+        pp_size = self.parallel_config.pipeline_parallel_size
+        if self.scheduler_config.async_scheduling and pp_size <= 1:
+            return 2
+        return pp_size
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """Upper bound on scheduled-but-unsettled tokens: a full budget per batch."""
+        return self.max_concurrent_batches * self.scheduler_config.max_num_batched_tokens
+
+    @property
+    def use_v2_model_runner(self) -> bool:
+        """minivllm has one model runner, which follows vLLM's V1 runner rules."""
+        return False
+
+    @property
+    def is_mm_encoder_only(self) -> bool:
+        """Multimodal encoder-only instances do not exist in minivllm."""
+        return False
+
+    @property
+    def needs_dp_coordinator(self) -> bool:
+        """Data parallelism needs a coordinator for MoE waves or internal load balancing."""
+        parallel = self.parallel_config
+        if getattr(parallel, "data_parallel_size", 1) <= 1:
+            return False
+        model = self.model_config
+        return (
+            model is None
+            or bool(getattr(model, "is_moe", False))
+            or not getattr(parallel, "data_parallel_external_lb", False)
+        )
+
+    @property
+    def use_cumem_cudagraph_pool(self) -> bool:
+        """Whether CUDA graphs go to the memory pool that sleep mode offloads."""
+        model = self.model_config
+        return (
+            model is not None
+            and bool(getattr(model, "enable_sleep_mode", False))
+            and bool(getattr(model, "sleep_mode_offload_cudagraph", False))
+            and self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE
+            and current_platform.is_cuda()
+        )
+
+    def __str__(self) -> str:
+        model = self.model_config
+        parts = [
+            f"model={getattr(model, 'model', None)!r}",
+            f"dtype={getattr(model, 'dtype', None)}",
+            f"max_seq_len={getattr(model, 'max_model_len', None)}",
+            f"enforce_eager={getattr(model, 'enforce_eager', None)}",
+            f"tensor_parallel_size={self.parallel_config.tensor_parallel_size}",
+            f"pipeline_parallel_size={self.parallel_config.pipeline_parallel_size}",
+            f"kv_cache_dtype={getattr(self.cache_config, 'cache_dtype', None)}",
+            f"block_size={self.cache_config.block_size}",
+            f"enable_prefix_caching={getattr(self.cache_config, 'enable_prefix_caching', None)}",
+            f"optimization_level={self.optimization_level.name}",
+            f"compilation_config={self.compilation_config!r}",
+        ]
+        return ", ".join(parts)
 
     # -- seed methods ---------------------------------------------------------------
     @staticmethod
@@ -529,6 +426,80 @@ def iter_user_paths(vllm_config: VllmConfig) -> Iterator[str]:
             yield path
 
 
+# -- the config in force while a model is built -------------------------------------
+_current_vllm_config: contextvars.ContextVar[VllmConfig | None] = contextvars.ContextVar(
+    "minivllm_current_vllm_config", default=None
+)
+_current_prefix: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "minivllm_current_model_prefix", default=None
+)
+
+
+@contextmanager
+def set_current_vllm_config(
+    vllm_config: VllmConfig, prefix: str | None = None
+) -> Iterator[VllmConfig]:
+    """Make ``vllm_config`` the current config inside the block (model construction).
+
+    ``prefix`` names the model being built (e.g. a draft model).
+    """
+    config_token = _current_vllm_config.set(vllm_config)
+    prefix_token = _current_prefix.set(prefix)
+    try:
+        yield vllm_config
+    finally:
+        _current_prefix.reset(prefix_token)
+        _current_vllm_config.reset(config_token)
+
+
+def get_current_vllm_config() -> VllmConfig:
+    """The current config; a default `VllmConfig` (with a warning) when none is set."""
+    vllm_config = _current_vllm_config.get()
+    if vllm_config is not None:
+        return vllm_config
+    # Outside model construction (unit tests of single layers, mostly) a default
+    # config keeps the layer usable; the warning says the defaults were assumed.
+    logger.warning("Current minivllm config is not set; using a default VllmConfig.")
+    return VllmConfig()
+
+
+def get_current_vllm_config_or_none() -> VllmConfig | None:
+    """The current config, or None when no ``set_current_vllm_config`` block is active."""
+    return _current_vllm_config.get()
+
+
+def get_current_model_prefix() -> str | None:
+    """The ``prefix`` given to the active ``set_current_vllm_config`` block."""
+    return _current_prefix.get()
+
+
+def get_cached_compilation_config() -> CompilationConfig:
+    """The current config's `CompilationConfig` (hot path for custom-op dispatch).
+
+    Reading a context variable is already cheap, so nothing is cached beyond the
+    config itself; a default is built (with a warning) when no config is set.
+    """
+    vllm_config = _current_vllm_config.get()
+    if vllm_config is None:
+        vllm_config = get_current_vllm_config()
+    return vllm_config.compilation_config
+
+
+def get_layers_from_vllm_config(
+    vllm_config: VllmConfig, layer_type: type[T], layer_names: Iterable[str] | None = None
+) -> dict[str, T]:
+    """Layers of type ``layer_type`` registered in the static forward context.
+
+    ``layer_names`` restricts the lookup; names that are missing or of another type
+    are left out.
+    """
+    forward_context: dict[str, Any] = vllm_config.compilation_config.static_forward_context
+    names = forward_context.keys() if layer_names is None else layer_names
+    return {
+        name: layer for name in names if isinstance(layer := forward_context.get(name), layer_type)
+    }
+
+
 __all__ = [
     "OPTIMIZATION_LEVEL_TO_CONFIG",
     "OptimizationLevel",
@@ -543,7 +514,9 @@ __all__ = [
     "enable_rope_kvcache_fusion",
     "enable_rope_kvcache_mla_fusion",
     "get_cached_compilation_config",
+    "get_current_model_prefix",
     "get_current_vllm_config",
+    "get_current_vllm_config_or_none",
     "get_layers_from_vllm_config",
     "iter_user_paths",
     "set_current_vllm_config",

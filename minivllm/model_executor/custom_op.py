@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from minivllm.config.vllm_context import get_current_vllm_config_or_none
+from minivllm.config.vllm import get_current_vllm_config_or_none
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)

@@ -18,7 +18,7 @@ from minivllm.attention.paged_kv import (
     kv_cache_bytes_per_block,
     resolve_kv_cache_dtype,
 )
-from minivllm.config.vllm_context import set_current_vllm_config
+from minivllm.config.vllm import set_current_vllm_config
 from minivllm.logger import init_logger
 from minivllm.model_executor.custom_op import op_registry
 from minivllm.model_executor.layers.cpu_gemm import pack_linear_weights

@@ -8,8 +8,7 @@ from minivllm.attention.backends import get_attn_backend
 from minivllm.attention.backends.cpu_sdpa import CpuSdpaBackend
 from minivllm.attention.layer import Attention
 from minivllm.config.attention import AttentionConfig
-from minivllm.config.vllm import VllmConfig
-from minivllm.config.vllm_context import set_current_vllm_config
+from minivllm.config.vllm import VllmConfig, set_current_vllm_config
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 
 CUDA = CudaPlatform(device_capability=(9, 0))

@@ -76,7 +76,7 @@ def test_padded_run_equals_unpadded_and_writes_no_padding(tiny_llama: Path) -> N
     """A dispatcher that pads (fake capture: nothing is captured on CPU) changes nothing."""
     from minivllm.attention.forward_context import set_forward_context
     from minivllm.attention.layer import get_attention_layers
-    from minivllm.config.vllm_context import set_current_vllm_config
+    from minivllm.config.vllm import set_current_vllm_config
     from minivllm.model_executor.loader import load_model
 
     cfg = EngineArgs(

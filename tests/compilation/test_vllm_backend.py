@@ -15,7 +15,7 @@ from minivllm.compilation.backend import VllmBackend
 from minivllm.compilation.counter import compilation_counter
 from minivllm.compilation.passes import eliminate_noops
 from minivllm.compilation.wrapper import build_model_forward
-from minivllm.config.vllm_context import set_current_vllm_config
+from minivllm.config.vllm import set_current_vllm_config
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.model_executor.loader import load_model
 

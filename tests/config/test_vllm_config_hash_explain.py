@@ -16,11 +16,12 @@ from minivllm.config.model import ModelConfig
 from minivllm.config.vllm import (
     VllmConfig,
     get_cached_compilation_config,
+    get_current_model_prefix,
     get_current_vllm_config,
+    get_current_vllm_config_or_none,
     get_layers_from_vllm_config,
     set_current_vllm_config,
 )
-from minivllm.config.vllm_context import get_current_model_prefix, get_current_vllm_config_or_none
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 
 SM90 = CudaPlatform(device_capability=(9, 0))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minivllm.config.compilation import CompilationConfig
-from minivllm.config.vllm_context import set_current_vllm_config
+from minivllm.config.vllm import set_current_vllm_config
 from minivllm.model_executor.custom_op import op_registry
 from minivllm.model_executor.layers.activation import SiluAndMul
 from minivllm.model_executor.layers.layernorm import RMSNorm

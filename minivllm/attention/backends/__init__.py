@@ -18,7 +18,7 @@ def get_attn_backend(name: str | None = None) -> Any:
     when triton is installed, else the SDPA backend).
     """
     from minivllm.config.attention import canonical_backend
-    from minivllm.config.vllm_context import get_current_vllm_config_or_none
+    from minivllm.config.vllm import get_current_vllm_config_or_none
     from minivllm.platforms import current_platform
 
     cfg = get_current_vllm_config_or_none()

@@ -19,7 +19,7 @@ from contextlib import nullcontext
 from pathlib import PurePath
 from typing import Any, TextIO
 
-from minivllm.entrypoints.cli.model_tag import add_model_tag_argument, engine_args_from_cli
+from minivllm.entrypoints.model_tag import add_model_tag_argument, engine_args_from_cli
 
 _VALUE_WIDTH = 48
 """Longest value shown in a table cell (the JSON formats are never shortened)."""

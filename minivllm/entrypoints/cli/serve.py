@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from minivllm.entrypoints.cli.model_tag import add_model_tag_argument
+from minivllm.entrypoints.model_tag import add_model_tag_argument
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
 """--max-request-body-bytes default (16 MiB); the API server's own default is the same."""

@@ -300,7 +300,7 @@ def config_summary(engine: AsyncLLM, host: str, port: int, api_key: str | None) 
 def run_server(args: argparse.Namespace) -> int:
     """Load the engine, print the configuration summary and serve until SIGTERM/SIGINT."""
     from minivllm.engine.llm_engine import LLMEngine
-    from minivllm.entrypoints.cli.model_tag import engine_args_from_cli
+    from minivllm.entrypoints.model_tag import engine_args_from_cli
 
     vllm_config = engine_args_from_cli(args).create_engine_config()
     mc = vllm_config.model_config

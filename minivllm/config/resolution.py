@@ -1,0 +1,313 @@
+"""The resolution of a `VllmConfig`, in order, top to bottom.
+
+`VllmConfig.__post_init__` calls `resolve`: it fills what the user left unset and
+reconciles the sub-configs with each other and with the platform, in the seed's
+order: the model hooks, quantization, async scheduling, enforce_eager and
+TORCH_COMPILE_DISABLE, platform defaults, the default compilation mode and custom
+ops, the optimization-level defaults, the attention backend, static-graph support
+and CUDA graph capture sizes, the platform's own checks, compile ranges, splitting
+ops, the CUDA graph mode the attention backend supports, and the hybrid KV cache
+manager.  Every step runs inside ``_step(prov, source, rule, why)``, which records
+the fields it changed, so ``explain()`` tells who set each value and why.  The
+individual rules live in `minivllm.config.vllm_rules`; this module is the order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+from minivllm.config import vllm_rules as rules
+from minivllm.config.compilation.modes import CompilationMode
+from minivllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG
+from minivllm.config.provenance import Origin, Provenance, Source, flatten
+from minivllm.logger import init_logger
+from minivllm.platforms import current_platform
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
+
+logger = init_logger(__name__)
+
+
+def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Provenance:
+    """Resolve ``cfg`` in place, step by step in the seed's order; returns the
+    provenance of every field (who set it, which rule changed it and why)."""
+    prov: Provenance = _ChainedProvenance(cfg)
+    prov.mark_user(_resolve_user_paths(cfg, user_set_paths))
+    if cfg.shutdown_timeout < 0:
+        raise ValueError(f"shutdown_timeout must be >= 0, got {cfg.shutdown_timeout}.")
+    if not cfg.instance_id:
+        # A unique name per engine (profiles, traces); the user's choice is kept.
+        cfg.instance_id = f"{time.time_ns()}"
+    if cfg.performance_mode != "balanced":
+        logger.info("Performance mode set to %r.", cfg.performance_mode)
+    _check_supported(cfg)
+
+    with _step(prov, "rule", "try_verify_and_update_config", "model-specific config hook"):
+        cfg.try_verify_and_update_config()
+    _verify_with_model(cfg, prov)
+    if cfg.quant_config is None and cfg.model_config is not None:
+        with _step(prov, "rule", "quant_config", "derived from model_config.quantization"):
+            cfg.quant_config = cfg._get_quantization_config(cfg.model_config, cfg.load_config)
+    with _step(prov, "rule", "async_scheduling", "async scheduling default"):
+        rules.resolve_async_scheduling(cfg)
+    with _step(prov, "rule", "nccl_for_dp_sync", "follows async_scheduling"):
+        rules.resolve_nccl_for_dp_sync(cfg)
+    if (
+        cfg.observability_config.per_request_spec_decode_metrics != "none"
+        and cfg.speculative_config is None
+    ):
+        raise ValueError(
+            "per_request_spec_decode_metrics needs speculative decoding, which is off; "
+            "set it to 'none'."
+        )
+    rules.warn_turing_fp32(cfg)
+    with _step(prov, "rule", "enforce_eager", "enforce_eager turns compile and graphs off"):
+        rules.apply_enforce_eager(cfg)
+    with _step(prov, "rule", "TORCH_COMPILE_DISABLE", "TORCH_COMPILE_DISABLE is set"):
+        rules.apply_torch_compile_disable(cfg)
+    with _step(prov, "rule", "breakable_cudagraph", "breakable CUDA graphs need no compile"):
+        breakable = rules.breakable_cudagraph_enabled(cfg)
+    rules.warn_inductor_disabled(cfg, breakable)
+    with _step(prov, "rule", "blocked_weights_quant_fp8", "block-quantized weights"):
+        # The CUDA fp8 quant kernel beats the native one for block-wise scales.
+        if cfg.quant_config is not None and cfg.quant_config.has_blocked_weights():
+            if "-quant_fp8" not in cfg.compilation_config.custom_ops:
+                cfg.compilation_config.custom_ops.append("+quant_fp8")
+    with _step(prov, "platform", "apply_config_platform_defaults", _platform_why()):
+        current_platform.apply_config_platform_defaults(cfg)
+    level = f"-O{int(cfg.optimization_level)}"
+    with _step(prov, "rule", "default_compilation_mode", f"default mode at {level}"):
+        rules.default_compilation_mode(cfg)
+    with _step(prov, "rule", "ir_enable_torch_wrap", "on only for VLLM_COMPILE + inductor"):
+        rules.default_ir_torch_wrap(cfg)
+    with _step(prov, "rule", "default_custom_ops", "base custom-op mode for this backend"):
+        rules.default_custom_ops(cfg)
+    # Op priorities: after mode and backend are known, before the fusion predicates.
+    with _step(prov, "platform", "kernel_config.set_platform_defaults", "kernel defaults"):
+        cfg.kernel_config.set_platform_defaults(cfg)
+    with _step(prov, "level", "_apply_optimization_level_defaults", f"default of {level}"):
+        cfg._apply_optimization_level_defaults(OPTIMIZATION_LEVEL_TO_CONFIG[cfg.optimization_level])
+    assert cfg.kernel_config.enable_flashinfer_autotune is not None, "every level sets it"
+    with _step(prov, "rule", "_normalize_piecewise_cudagraph_mode", _piecewise_why(cfg)):
+        cfg._normalize_piecewise_cudagraph_mode(breakable_cudagraph_enabled=breakable)
+    with _step(prov, "rule", "fast_moe_cold_start", "superseded on torch >= 2.11"):
+        rules.resolve_fast_moe_cold_start(cfg)
+    _resolve_attention_backend(cfg, prov)
+    _resolve_static_graphs(cfg, prov)
+    _warn_unused_settings(cfg)
+    with _step(prov, "platform", "check_and_update_config", _platform_why()):
+        current_platform.check_and_update_config(cfg)
+    with _step(prov, "rule", "_normalize_piecewise_cudagraph_mode", _piecewise_why(cfg)):
+        cfg._normalize_piecewise_cudagraph_mode(breakable_cudagraph_enabled=breakable)
+    rules.validate_model_runner(cfg)
+    with _step(prov, "rule", "_set_compile_ranges", "compile ranges end at the token budget"):
+        cfg._set_compile_ranges()
+    with _step(prov, "rule", "set_splitting_ops_for_v1", "graph split points for this mode"):
+        cfg.compilation_config.set_splitting_ops_for_v1(
+            all2all_backend=getattr(cfg.parallel_config, "all2all_backend", "allgather"),
+            # Data parallelism only couples the ranks' graphs for MoE models.
+            data_parallel_size=_effective_dp_size(cfg),
+        )
+    backend = cfg.attention_config.backend
+    assert backend is not None, "_resolve_attention_backend chose one"
+    why = rules.attention_cudagraph_why(backend)
+    with _step(prov, "rule", "resolve_cudagraph_mode_and_sizes", why):
+        rules.apply_attention_cudagraph_support(cfg)
+    rules.check_final_cudagraph_mode(cfg, breakable)
+    with _step(prov, "rule", "hybrid_kv_cache_manager", _hma_why()):
+        rules.resolve_hybrid_kv_cache_manager(cfg)
+    with _step(prov, "rule", "debug_dump_path", "made absolute"):
+        rules.absolutize_debug_dump_path(cfg)
+    cfg.compilation_config.pass_config.log_enabled_passes()
+    cfg.validate_block_size()
+    return prov
+
+
+def _check_supported(cfg: VllmConfig) -> None:
+    """Every sub-config re-checks that minivllm can honour it; the sub-configs of
+    subsystems minivllm lacks (LoRA, speculative decoding, KV transfer, ...) raise
+    `ValueError` here when set."""
+    for f in dataclasses.fields(cfg):
+        check = getattr(getattr(cfg, f.name), "check_supported", None)
+        if callable(check):
+            check()
+
+
+def _step(prov: Provenance, source: Source, rule: str, why: str) -> AbstractContextManager[None]:
+    return prov.step(source, rule, _reason(why))
+
+
+def _platform_why() -> str:
+    return f"{current_platform!r} platform rule"
+
+
+def _piecewise_why(cfg: VllmConfig) -> str:
+    mode = cfg.compilation_config.mode
+    name = mode.name if isinstance(mode, CompilationMode) else mode
+    return f"piecewise CUDA graphs need VLLM_COMPILE, mode is {name}"
+
+
+def _hma_why() -> str:
+    if not current_platform.support_hybrid_kv_cache():
+        return f"{current_platform!r} has no hybrid KV cache support"
+    return "hybrid KV cache manager default"
+
+
+def _resolve_attention_backend(cfg: VllmConfig, prov: Provenance) -> None:
+    """Check the user's attention backend, or record the one the platform runs."""
+    attention = cfg.attention_config
+    device_type = cfg.device_config.device_type
+    if attention.backend is not None:
+        current_platform.check_attention_backend(attention.backend, device_type)
+        return
+    choice = current_platform.choose_attention_backend(device_type)
+    with _step(prov, "platform", "choose_attention_backend", choice.reason):
+        attention.backend = choice.name
+
+
+def _resolve_static_graphs(cfg: VllmConfig, prov: Provenance) -> None:
+    if not current_platform.support_static_graph_mode():
+        why = f"{current_platform!r} has no CUDA graphs (no static graph mode)"
+        with _step(prov, "platform", "support_static_graph_mode", why):
+            rules.disable_static_graphs(cfg)
+        return
+    device_type = cfg.device_config.device_type
+    if device_type != "cuda":
+        why = f"the device is {device_type}, and CUDA graphs need a CUDA device"
+        with _step(prov, "rule", "device_type", why):
+            rules.disable_static_graphs(cfg)
+        return
+    with _step(prov, "rule", "cudagraph_mode_for_model", "unsupported by this kind of model"):
+        rules.adjust_cudagraph_mode_for_model(cfg)
+    eager = cfg.model_config is not None and cfg.model_config.enforce_eager
+    why = (
+        "enforce_eager turns CUDA graphs off"
+        if eager
+        else "graphs are captured, so each size gets one warm-up run first"
+    )
+    with _step(prov, "rule", "enforce_eager_cudagraphs", why):
+        rules.apply_eager_cudagraphs(cfg)
+    with _step(prov, "rule", "_set_cudagraph_sizes", _sizes_why(cfg)):
+        cfg._set_cudagraph_sizes()
+
+
+def _sizes_why(cfg: VllmConfig) -> str:
+    sched = cfg.scheduler_config
+    return (
+        f"capture grid for max_num_seqs={sched.max_num_seqs}, "
+        f"max_num_batched_tokens={sched.max_num_batched_tokens}, "
+        f"performance_mode={cfg.performance_mode}, "
+        f"ceiling {current_platform.default_max_cudagraph_capture_size()}"
+    )
+
+
+def _verify_with_model(cfg: VllmConfig, prov: Provenance) -> None:
+    # Models may have supplied their own context-parallel defaults; fill the rest.
+    with _step(prov, "rule", "set_dcp_defaults", "context-parallel defaults"):
+        cfg.parallel_config.set_dcp_defaults()
+    model = cfg.model_config
+    if model is None:
+        return
+    model.verify_with_parallel_config(cfg.parallel_config)
+    with _step(prov, "rule", "is_moe_model", "copied from the model"):
+        cfg.parallel_config.is_moe_model = model.is_moe
+
+
+def _warn_unused_settings(cfg: VllmConfig) -> None:
+    if getattr(cfg.cache_config, "kv_sharing_fast_prefill", False):
+        logger.warning(
+            "kv_sharing_fast_prefill needs model-side support to be correct and to save "
+            "prefill work."
+        )
+
+
+def _effective_dp_size(cfg: VllmConfig) -> int:
+    model = cfg.model_config
+    if model is None or getattr(model, "is_moe", False):
+        return getattr(cfg.parallel_config, "data_parallel_size", 1)
+    return 1
+
+
+def _resolve_user_paths(cfg: VllmConfig, user_set_paths: frozenset[str] | None) -> set[str]:
+    """The explicit paths (validated), or those inferred from class defaults."""
+    names = {f.name for f in dataclasses.fields(cfg)}
+    if user_set_paths is not None:
+        unknown = sorted(p for p in user_set_paths if p.split(".", 1)[0] not in names)
+        if unknown:
+            raise ValueError(
+                f"user_set_paths {unknown} do not name VllmConfig fields; use dotted "
+                "paths such as 'scheduler_config.max_num_seqs'."
+            )
+        return set(user_set_paths)
+    return _infer_user_paths(cfg)
+
+
+def _infer_user_paths(cfg: VllmConfig) -> set[str]:
+    paths: set[str] = set()
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name == "model_config":
+            if value is not None:
+                paths.add("model_config.model")
+            continue
+        if f.default_factory is not dataclasses.MISSING:
+            try:
+                default = f.default_factory()
+            except (ValueError, TypeError):  # needs input to build: no default to compare
+                continue
+        else:
+            default = f.default
+        now, then = flatten(value, f.name), flatten(default, f.name)
+        paths.update(p for p, v in now.items() if p not in then or then[p] != v)
+    return paths
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    if isinstance(value, list) and len(value) > 8:
+        text = f"[{', '.join(map(str, value[:4]))}, ..., {value[-1]}] ({len(value)} items)"
+    return text
+
+
+def _reason(why: str) -> Callable[[str, Any, Any], str]:
+    """Per-field reason text: ``"<field> <before> -> <after>: <why>"``."""
+
+    def word(path: str, before: Any, after: Any) -> str:
+        return f"{path.rsplit('.', 1)[-1]} {_short(before)} -> {_short(after)}: {why}"
+
+    return word
+
+
+class _ChainedProvenance(Provenance):
+    """`Provenance` whose steps reuse the previous step's "after" snapshot as their
+    "before": resolution changes fields only inside steps, and flattening the whole
+    tree is the dominant cost of building a config."""
+
+    def __init__(self, root: Any) -> None:
+        super().__init__(root)
+        self._snapshot: dict[str, Any] | None = None
+
+    @contextmanager
+    def step(
+        self, source: Source, rule: str, reason: str | Callable[[str, Any, Any], str] = ""
+    ) -> Iterator[None]:
+        before = self._snapshot if self._snapshot is not None else flatten(self._root)
+        try:
+            yield
+        finally:
+            after = flatten(self._root)
+            self._snapshot = after
+        for path, value in after.items():
+            if path in before and before[path] == value:
+                continue
+            old = before.get(path)
+            text = reason(path, old, value) if callable(reason) else reason
+            self.origins[path] = Origin(source, rule, text, old)
+
+
+__all__ = ["resolve"]

@@ -110,7 +110,7 @@ def _decode(
 
 def _worker(args: argparse.Namespace) -> None:
     """Build one engine, report its start-up, then decode a batch per stdin command."""
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
 
     timers = StepTimers()

@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 
-from minivllm.engine.arg_utils import EngineArgs
+from minivllm.args.engine_args import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.model_executor.layers.cpu_gemm import packed_gemm_supported
 from minivllm.sampling_params import SamplingParams

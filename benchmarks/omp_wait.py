@@ -32,7 +32,7 @@ SETTINGS = {
 
 def _worker(level: int, batch: int, seconds: float) -> None:
     """Decode batches of ``batch`` requests for ``seconds``; print the median step ms."""
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.sampling_params import SamplingParams
 

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from minivllm.engine.arg_utils import EngineArgs
-from minivllm.engine.cli_parser import FlexibleArgumentParser
+from minivllm.args.engine_args import EngineArgs
+from minivllm.args.parser import FlexibleArgumentParser
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 

@@ -25,7 +25,7 @@ _LAZY = {
     "SamplingParams": "minivllm.sampling_params",
     "RequestOutput": "minivllm.outputs",
     "CompletionOutput": "minivllm.outputs",
-    "EngineArgs": "minivllm.engine.arg_utils",
+    "EngineArgs": "minivllm.args.engine_args",
     "VllmConfig": "minivllm.config.vllm",
 }
 

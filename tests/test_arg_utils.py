@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import Field
 
+from minivllm.args.fields import ConfigTarget, EngineArgsBase, engine_args_class
+from minivllm.args.parser import FlexibleArgumentParser
+from minivllm.args.parsing import deep_merge
 from minivllm.config.utils import config
-from minivllm.engine.arg_parsing import deep_merge
-from minivllm.engine.cli_parser import FlexibleArgumentParser
-from minivllm.engine.config_args import ConfigTarget, EngineArgsBase, engine_args_class
 
 
 # ----------------------------------------------------------------------------
@@ -387,13 +387,13 @@ performance_mode compilation_config""".split()
 
 
 def real_parser() -> argparse.ArgumentParser:
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     return EngineArgs.add_cli_args(FlexibleArgumentParser(prog="minivllm"))
 
 
 def real_args(argv: list[str]) -> Any:
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     return EngineArgs.from_cli_args(real_parser().parse_args(argv))
 
@@ -401,8 +401,8 @@ def real_args(argv: list[str]) -> Any:
 def test_engine_args_has_every_knob_of_the_issue() -> None:
     import dataclasses
 
+    from minivllm.args.engine_args import EngineArgs
     from minivllm.config.vllm import VllmConfig
-    from minivllm.engine.arg_utils import EngineArgs
 
     names = {f.name for f in dataclasses.fields(EngineArgs)}
     assert set(ISSUE_FIELDS) <= names, set(ISSUE_FIELDS) - names
@@ -471,7 +471,7 @@ def test_legacy_cc_key_marks_the_translated_field_as_user() -> None:
 
 
 def test_prefix_caching_is_decided_per_model_when_unset() -> None:
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     # As in vLLM: None until the config is built, then per model (on for minivllm's).
     assert EngineArgs().enable_prefix_caching is None
@@ -487,7 +487,7 @@ def test_prefix_caching_is_decided_per_model_when_unset() -> None:
 
 
 def test_unset_batch_limits_adapt_to_the_users_values() -> None:
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
     from minivllm.platforms import CpuPlatform, override_platform
 
     with override_platform(CpuPlatform()):
@@ -598,9 +598,13 @@ def test_flexible_argument_parser_importable_where_vllm_users_look() -> None:
 
     assert minivllm.utils.FlexibleArgumentParser is FlexibleArgumentParser
     assert minivllm.utils.argparse_utils.FlexibleArgumentParser is FlexibleArgumentParser
+    # vLLM's module path for both names still works (minivllm's own home: minivllm.args).
+    from minivllm.args import EngineArgs as own_engine_args
+    from minivllm.engine.arg_utils import EngineArgs as vllm_path_engine_args
     from minivllm.engine.arg_utils import FlexibleArgumentParser as from_arg_utils
 
     assert from_arg_utils is FlexibleArgumentParser
+    assert vllm_path_engine_args is own_engine_args
 
 
 # ----------------------------------------------------------------------------
@@ -665,9 +669,9 @@ def test_bad_compilation_config_value_exits_2_with_one_line(
 
 
 def test_engine_args_compilation_config_is_an_object() -> None:
+    from minivllm.args.engine_args import EngineArgs
     from minivllm.config.compilation import CompilationConfig
     from minivllm.config.compilation.modes import CompilationMode
-    from minivllm.engine.arg_utils import EngineArgs
 
     default = EngineArgs()
     assert isinstance(default.compilation_config, CompilationConfig)
@@ -690,7 +694,7 @@ def test_config_flags_given_as_objects_keep_user_provenance() -> None:
     assert explained["compilation_config.mode"]["source"] != "user"
     # The same object handed over by a caller of the parser (vLLM's flow).
     parsed = real_parser().parse_args(["-cc.mode=0"])
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     args = EngineArgs.from_cli_args(parsed)
     assert args.compilation_config is parsed.compilation_config

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minivllm.engine.arg_utils import EngineArgs
-from minivllm.engine.cli_parser import FlexibleArgumentParser
+from minivllm.args.engine_args import EngineArgs
+from minivllm.args.parser import FlexibleArgumentParser
 from minivllm.entrypoints.cli.generate import OrderedWriter, make_headers
 from minivllm.entrypoints.cli.main import main
 from minivllm.entrypoints.cli.sampling_args import add_sampling_args, sampling_params_from_args

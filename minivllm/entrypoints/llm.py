@@ -33,7 +33,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
-        from minivllm.engine.arg_utils import EngineArgs
+        from minivllm.args.engine_args import EngineArgs
 
         engine_args = EngineArgs(model=model, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)

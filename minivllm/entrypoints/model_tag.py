@@ -10,7 +10,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
 
 def add_model_tag_argument(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def add_model_tag_argument(parser: argparse.ArgumentParser) -> None:
 def engine_args_from_cli(args: argparse.Namespace) -> EngineArgs:
     """`EngineArgs` from the parsed engine flags, with ``MODEL`` applied when given."""
     # Imported here so that building the CLI parser for --help stays light.
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     engine_args = EngineArgs.from_cli_args(args)
     model_tag = getattr(args, "model_tag", None)

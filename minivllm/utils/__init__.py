@@ -2,7 +2,7 @@
 
 ``from minivllm.utils import FlexibleArgumentParser`` (vLLM's older spelling) and
 ``from minivllm.utils.argparse_utils import FlexibleArgumentParser`` (its current one)
-both work; the parser itself lives in `minivllm.engine.cli_parser`.
+both work; the parser itself lives in `minivllm.args.parser`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minivllm.engine.arg_sizes import human_readable_int, human_readable_int_or_auto
-from minivllm.engine.cli_parser import FlexibleArgumentParser
+from minivllm.args.parser import FlexibleArgumentParser
+from minivllm.args.sizes import human_readable_int, human_readable_int_or_auto
 
 __all__ = ["FlexibleArgumentParser", "human_readable_int", "human_readable_int_or_auto"]

@@ -9,12 +9,12 @@ import pytest
 import torch
 from compile_helpers import NUM_LAYERS, greedy_tokens, make_llm
 
+from minivllm.args.engine_args import EngineArgs
 from minivllm.attention.forward_context import set_forward_context
 from minivllm.attention.layer import get_attention_layers
 from minivllm.compilation.counter import compilation_counter
 from minivllm.compilation.wrapper import build_model_forward
 from minivllm.config.vllm import set_current_vllm_config
-from minivllm.engine.arg_utils import EngineArgs
 from minivllm.model_executor.loader import load_model
 
 

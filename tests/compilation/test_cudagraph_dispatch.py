@@ -9,10 +9,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from minivllm.args.engine_args import EngineArgs
 from minivllm.attention.layer import bind_kv_caches
 from minivllm.attention.paged_kv import allocate_kv_caches, build_attention_metadata
 from minivllm.config.compilation.modes import CUDAGraphMode
-from minivllm.engine.arg_utils import EngineArgs
 from minivllm.worker.cudagraph import BatchDescriptor, CudagraphDispatcher
 from minivllm.worker.forward_runner import ForwardRunner, pad_step_inputs
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from compile_helpers import NUM_LAYERS, save_tiny_llama
 
+from minivllm.args.engine_args import EngineArgs
 from minivllm.attention.forward_context import set_forward_context
 from minivllm.attention.layer import get_attention_layers
 from minivllm.compilation.backend import VllmBackend
@@ -16,7 +17,6 @@ from minivllm.compilation.counter import compilation_counter
 from minivllm.compilation.passes import eliminate_noops
 from minivllm.compilation.wrapper import build_model_forward
 from minivllm.config.vllm import set_current_vllm_config
-from minivllm.engine.arg_utils import EngineArgs
 from minivllm.model_executor.loader import load_model
 
 ATTN = "minivllm::unified_attention_with_output"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.arg_utils import EngineArgs
+from minivllm.args.engine_args import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM, EngineError
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.executor.uniproc import check_kv_cache_holds_max_model_len

@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from minivllm.engine.cli_parser import FlexibleArgumentParser
+from minivllm.args.parser import FlexibleArgumentParser
 
 BENCHMARKS: list[tuple[str, str, str]] = [
     (

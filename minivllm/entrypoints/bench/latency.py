@@ -27,7 +27,7 @@ PERCENTILES = (10, 25, 50, 75, 90, 99)
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """Batch shape, iteration counts, common flags and every engine flag."""
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     group = parser.add_argument_group("latency")
     group.add_argument("--input-len", type=int, default=32, help="Prompt tokens per request.")

@@ -59,7 +59,7 @@ PROMPT = "The capital of France is"
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """Run counts, the cache root, common flags and every engine flag."""
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     group = parser.add_argument_group("startup")
     group.add_argument(
@@ -112,7 +112,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     """Time the cold and warm runs, print the summary, write --output-json."""
     from tqdm.auto import tqdm
 
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     check_positive("--num-warm-runs", args.num_warm_runs)
     keep = args.cache_root is not None

@@ -17,7 +17,7 @@ from minivllm.entrypoints.bench.datasets import SampleRequest, add_dataset_args,
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """Dataset flags, --output-json/--seed/--disable-tqdm and every engine flag."""
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     add_dataset_args(parser)
     add_common_args(parser, seed=False)
@@ -26,7 +26,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 def build_engine(args: argparse.Namespace) -> Any:
     """An `LLMEngine` from the engine flags in ``args``."""
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
 
     return LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))

@@ -29,7 +29,7 @@ RESET_COMMAND = "/reset"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--system, --chat-template, the engine flags and the sampling flags."""
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     parser.add_argument(
         "--system", metavar="TEXT", default=None, help="A system message opening the chat."
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if params.n != 1:
         raise ValueError(f"argument --n: chat streams one reply per turn; got --n {params.n}")
 
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))

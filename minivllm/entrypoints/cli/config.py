@@ -27,7 +27,7 @@ _VALUE_WIDTH = 48
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine flags, the optional MODEL, and the output options."""
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     add_model_tag_argument(parser)
     out = parser.add_argument_group("output")

@@ -29,7 +29,7 @@ Key = tuple[str, int]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Prompts, --stream, the engine flags and the sampling flags."""
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     parser.add_argument(
         "prompts",
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params_from_args(args, output_kind=RequestOutputKind.DELTA)
     prompts = read_prompts(args, sys.stdin)
 
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 
 from minivllm import __version__
-from minivllm.engine.arg_parsing import reduce_error
-from minivllm.engine.cli_parser import FlexibleArgumentParser
+from minivllm.args.parser import FlexibleArgumentParser
+from minivllm.args.parsing import reduce_error
 
 SUBCOMMANDS: list[tuple[str, str, str]] = [
     (

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from minivllm.engine.arg_parsing import EXPLICIT_ATTR
+from minivllm.args.parsing import EXPLICIT_ATTR
 from minivllm.sampling_params import SamplingParams
 
 _OWNS_SEED = "_sampling_owns_seed"

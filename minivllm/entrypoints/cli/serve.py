@@ -16,7 +16,7 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The optional MODEL, the server flags and every engine flag."""
-    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.args.engine_args import EngineArgs
 
     add_model_tag_argument(parser)
     server = parser.add_argument_group("server")

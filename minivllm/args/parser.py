@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from minivllm.engine.arg_parsing import MergeJsonAction, build_config_flags, parse_json_or_str
+from minivllm.args.parsing import MergeJsonAction, build_config_flags, parse_json_or_str
 
 _DOTTED = re.compile(r"^(?P<flag>--?[A-Za-z][\w-]*)\.(?P<key>[A-Za-z_][\w.-]*)(?:=(?P<value>.*))?$")
 """``-cc.a.b=value`` or ``--compilation-config.a.b`` (value in the next token)."""

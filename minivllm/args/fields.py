@@ -18,8 +18,8 @@ import typing
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
-from minivllm.config.utils import field_docs
-from minivllm.engine.arg_parsing import (
+from minivllm.args.parser import FlexibleArgumentParser
+from minivllm.args.parsing import (
     EXPLICIT_ATTR,
     PIECES_ATTR,
     ConfigField,
@@ -29,7 +29,7 @@ from minivllm.engine.arg_parsing import (
     reduce_error,
     strip_optional,
 )
-from minivllm.engine.cli_parser import FlexibleArgumentParser
+from minivllm.config.utils import field_docs
 
 E = TypeVar("E", bound="EngineArgsBase")
 

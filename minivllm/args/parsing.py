@@ -3,7 +3,7 @@
 Nothing here knows a particular config class: flags are derived from the
 dataclass fields of whatever classes `EngineArgs` maps (their annotations give
 the argparse type and choices, their field docstrings the help).  The flag
-spellings on top of argparse live in `minivllm.engine.cli_parser`.
+spellings on top of argparse live in `minivllm.args.parser`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from minivllm.engine.arg_sizes import (
+from minivllm.args.sizes import (
     HUMAN_READABLE_HELP,
     SUFFIXED,
     human_readable_int,

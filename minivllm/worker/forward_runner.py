@@ -110,15 +110,13 @@ class ForwardRunner:
         if mode.has_piecewise_cudagraphs() and isinstance(backend, VllmBackend):
             backend.piece_wrapper = self._wrap_piece
         if mode.has_full_cudagraphs():
-            sched = self.vllm_config.scheduler_config
+            # The attention backend owns the metadata tensors its kernels read in a graph.
             block_size = self.vllm_config.cache_config.block_size
             max_blocks = -(-self.vllm_config.model_config.max_model_len // block_size)
-            reqs = sched.max_num_seqs
-            dev = self.device
-            self._qsl = torch.zeros(reqs + 1, dtype=torch.int32, device=dev)
-            self._seq_lens = torch.zeros(reqs, dtype=torch.int32, device=dev)
-            self._tables = torch.zeros(reqs, max_blocks, dtype=torch.int32, device=dev)
-            self._slots = torch.full((size,), -1, dtype=torch.long, device=dev)
+            backend_impl = next(iter(self.attn_layers.values())).impl
+            self._graph_buffers = backend_impl.make_graph_buffers(
+                self.vllm_config.scheduler_config.max_num_seqs, max_blocks, size, self.device
+            )
             self._full = FullCudaGraphRunner(self._full_forward, self._pool)
         del cc
 
@@ -188,7 +186,7 @@ class ForwardRunner:
             for mode, size, uniform in plan:
                 if mode == CUDAGraphMode.FULL:
                     assert self._full is not None
-                    self._fill_full_buffers(None, size)
+                    self._graph_buffers.fill(None, size)
                     self._full.capture(size, uniform, warmups)
                 else:
                     self._ids[:size].zero_()
@@ -207,38 +205,11 @@ class ForwardRunner:
         return len(plan)
 
     # -- FULL graphs --------------------------------------------------------------
-    def _static_metadata(self, size: int) -> AttentionMetadata:
-        # Every row is "actual" inside a full graph: the kernel skips padding by slot.
-        return AttentionMetadata(
-            num_actual_tokens=size,
-            max_query_len=size,
-            max_seq_len=0,
-            query_start_loc=self._qsl,
-            seq_lens=self._seq_lens,
-            block_tables=self._tables,
-            slot_mapping=self._slots[:size],
-        )
-
     def _full_forward(self, size: int, uniform: bool) -> torch.Tensor:
-        with set_forward_context(self._static_metadata(size), self.attn_layers) as ctx:
+        with set_forward_context(self._graph_buffers.metadata(size), self.attn_layers) as ctx:
             ctx.cudagraph_runtime_mode = CUDAGraphMode.FULL
             ctx.num_padded_tokens = size
             return self.model_forward(self._ids[:size], self._pos[:size])
-
-    def _fill_full_buffers(self, md: AttentionMetadata | None, size: int) -> None:
-        self._slots[:size].fill_(-1)
-        self._seq_lens.zero_()
-        self._qsl.zero_()
-        if md is None:
-            return
-        n = md.slot_mapping.shape[0]
-        r = md.seq_lens.shape[0]
-        self._slots[:n].copy_(md.slot_mapping)
-        self._seq_lens[:r].copy_(md.seq_lens)
-        self._qsl[: r + 1].copy_(md.query_start_loc)
-        self._qsl[r + 1 :].fill_(md.num_actual_tokens)
-        width = md.block_tables.shape[1]
-        self._tables[:r, :width].copy_(md.block_tables)
 
     # -- per step -----------------------------------------------------------------
     def run(
@@ -257,7 +228,7 @@ class ForwardRunner:
             self._ids[n:padded].zero_()
             self._pos[:n].copy_(positions)
             self._pos[n:padded].zero_()
-            self._fill_full_buffers(md, padded)
+            self._graph_buffers.fill(md, padded)
             return self._full.replay(padded, uniform)[:n]
         if mode == CUDAGraphMode.NONE:
             with set_forward_context(md, self.attn_layers):

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from minivllm.attention.backends.cpu_sdpa import CpuSdpaBackend
+from minivllm.attention.graph_buffers import GraphAttentionBuffers
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.paged_kv import is_fp8
 
@@ -127,6 +128,14 @@ class TritonPagedBackend:
 
     def __init__(self) -> None:
         self._fallback = CpuSdpaBackend()
+
+    @staticmethod
+    def make_graph_buffers(
+        max_num_reqs: int, max_blocks_per_req: int, max_num_tokens: int, device: torch.device
+    ) -> GraphAttentionBuffers:
+        """The persistent metadata tensors its full CUDA graphs read (the kernels take
+        everything from device tensors, so one graph serves any batch of its size)."""
+        return GraphAttentionBuffers(max_num_reqs, max_blocks_per_req, max_num_tokens, device)
 
     def write_kv(
         self, layer: Any, key: torch.Tensor, value: torch.Tensor, md: AttentionMetadata

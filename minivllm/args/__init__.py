@@ -15,7 +15,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LAZY = {"EngineArgs": "minivllm.args.engine_args", "FlexibleArgumentParser": "minivllm.args.parser"}
+_LAZY = {
+    "EngineArgs": "minivllm.args.engine_args",
+    "FlexibleArgumentParser": "minivllm.args.parser",
+}
 
 
 def __getattr__(name: str) -> Any:

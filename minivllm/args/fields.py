@@ -206,6 +206,8 @@ class EngineArgsBase:
         # defaults, a dict its keys (kept, so the engine knows which the user set).
         self._nested_defaults: dict[str, Any] = {}
         self._nested_pieces: dict[str, dict[str, Any]] = {}
+        self._cli_explicit: set[str] = set()
+        """Argument names given as flags (see `from_cli_args`, `set_user_arg`)."""
         for spec in self._specs:
             value = getattr(self, spec.arg_name)
             if spec.nested_cls is None or not (value is None or isinstance(value, dict)):
@@ -244,6 +246,8 @@ class EngineArgsBase:
     def from_cli_args(cls: type[E], args: argparse.Namespace) -> E:
         """Engine arguments from a parsed namespace; remembers which flags were given."""
         kwargs: dict[str, Any] = {}
+        # getattr: the namespace may come from a parser without some of these flags
+        # (or without FlexibleArgumentParser's bookkeeping attributes).
         for spec in cls._specs:
             # None is what argparse holds for an absent JSON flag; the field default applies.
             value = getattr(args, spec.arg_name, None)
@@ -252,7 +256,7 @@ class EngineArgsBase:
         engine_args = cls(**kwargs)
         names = {s.arg_name for s in cls._specs}
         explicit = set(getattr(args, EXPLICIT_ATTR, ()))
-        engine_args._cli_explicit = explicit & names  # type: ignore[attr-defined]
+        engine_args._cli_explicit = explicit & names
         pieces = getattr(args, PIECES_ATTR, {})
         engine_args._nested_pieces.update({k: v for k, v in pieces.items() if k in names})
         return engine_args
@@ -263,12 +267,11 @@ class EngineArgsBase:
         if name not in {s.arg_name for s in self._specs}:
             raise ValueError(f"{type(self).__name__} has no argument {name!r}")
         setattr(self, name, value)
-        explicit = set(getattr(self, "_cli_explicit", ()))
-        self._cli_explicit = explicit | {name}
+        self._cli_explicit = self._cli_explicit | {name}
 
     def user_set_args(self) -> set[str]:
         """Argument names given on the command line or changed from their defaults."""
-        names = set(getattr(self, "_cli_explicit", ())) | set(self._nested_pieces)
+        names = self._cli_explicit | set(self._nested_pieces)
         for spec in self._specs:
             value = getattr(self, spec.arg_name)
             if spec.nested_cls is not None:

@@ -74,7 +74,7 @@ class VllmBackend:
 
     def __init__(
         self,
-        vllm_config: Any,
+        vllm_config: VllmConfig,
         prefix: str = "",
         is_encoder: bool = False,
         use_aot_compile: bool = True,

@@ -16,26 +16,29 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minivllm import envs
 from minivllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
 
 logger = init_logger(__name__)
 
 INDEX_FILE = "cache_index.json"
 
 
-def default_cache_dir(vllm_config: Any) -> Path:
+def default_cache_dir(vllm_config: VllmConfig) -> Path:
     """``<cache root>/torch_compile_cache/<config hash>``: one directory per config."""
     return envs.cache_root() / "torch_compile_cache" / vllm_config.compute_hash()
 
 
-def local_cache_dir(vllm_config: Any, prefix: str) -> Path:
+def local_cache_dir(vllm_config: VllmConfig, prefix: str) -> Path:
     """This rank's directory for the module ``prefix``; also recorded in the config."""
     cc = vllm_config.compilation_config
     base = Path(cc.cache_dir).expanduser() if cc.cache_dir else default_cache_dir(vllm_config)
-    rank = getattr(vllm_config.parallel_config, "rank", 0)
+    rank = vllm_config.parallel_config.rank
     path = base / f"rank_{rank}" / (prefix or "model")
     cc.local_cache_dir = str(path)
     return path

@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from minivllm.compilation.counter import compilation_counter
 from minivllm.config.compilation.modes import log_once
-from minivllm.config.compilation.pass_config import FUSION_SWITCHES
+from minivllm.config.compilation.pass_config import FUSION_SWITCHES, PassConfig
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -98,14 +98,14 @@ def eliminate_noops(gm: fx.GraphModule) -> int:
     return removed
 
 
-def run_passes(gm: fx.GraphModule, pass_config: Any) -> dict[str, int]:
+def run_passes(gm: fx.GraphModule, pass_config: PassConfig) -> dict[str, int]:
     """Run the passes ``pass_config`` switches on; returns {pass name: nodes changed}."""
     results: dict[str, int] = {}
     if pass_config.eliminate_noops:
         results["eliminate_noops"] = eliminate_noops(gm)
     # No fusion has a kernel here (see the module docstring).
     for name in FUSION_SWITCHES:
-        if getattr(pass_config, name, None):
+        if getattr(pass_config, name):  # a PassConfig field, named in FUSION_SWITCHES
             log_once(
                 logger,
                 logging.INFO,

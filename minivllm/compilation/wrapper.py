@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from minivllm.compilation.counter import compilation_counter
 from minivllm.config.compilation.dynamic_shapes import DynamicShapesType
 from minivllm.config.compilation.modes import CompilationMode
 from minivllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
 
 logger = init_logger(__name__)
 
@@ -71,7 +74,7 @@ class _CountingBackend:
 class ModelForward:
     """``forward(input_ids, positions) -> hidden`` of a model, compiled per the config."""
 
-    def __init__(self, model: nn.Module, vllm_config: Any, prefix: str = "model") -> None:
+    def __init__(self, model: nn.Module, vllm_config: VllmConfig, prefix: str = "model") -> None:
         self.model = model
         self.vllm_config = vllm_config
         cc = vllm_config.compilation_config
@@ -189,7 +192,9 @@ def _private_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
     return types.MethodType(private, model)
 
 
-def build_model_forward(model: nn.Module, vllm_config: Any, prefix: str = "model") -> ModelForward:
+def build_model_forward(
+    model: nn.Module, vllm_config: VllmConfig, prefix: str = "model"
+) -> ModelForward:
     """The forward the model runner calls, compiled as ``vllm_config.compilation_config``
     says (see the module docstring)."""
     return ModelForward(model, vllm_config, prefix=prefix)

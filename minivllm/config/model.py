@@ -232,6 +232,7 @@ class ModelConfig:
         return name
 
     def _resolve_architecture(self) -> None:
+        # getattr: configs built from a bare model_type carry no architectures.
         archs = list(getattr(self.hf_config, "architectures", None) or [])
         if not archs:
             from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -298,6 +299,7 @@ class ModelConfig:
     # -- architecture numbers ----------------------------------------------
     def get_model_arch_config(self) -> ModelArchConfig:
         """Read the architecture numbers from ``hf_text_config``."""
+        # getattr in this section: which fields an HF config has depends on the model.
         text = self.hf_text_config
         heads = int(getattr(text, "num_attention_heads", 0) or 0)
         hidden = int(getattr(text, "hidden_size", 0) or 0)
@@ -427,8 +429,10 @@ class ModelConfig:
     def get_layers_start_end_indices(self, parallel_config: ParallelConfig) -> tuple[int, int]:
         pp = parallel_config.pipeline_parallel_size
         per_stage = self.num_layers // pp
-        rank = getattr(parallel_config, "pipeline_parallel_rank", 0)
-        return rank * per_stage, (rank + 1) * per_stage
+        # ParallelConfig refuses pipeline_parallel_size > 1, so this process is always
+        # stage 0 (ParallelConfig has no pipeline rank field to read).
+        pp_rank = 0
+        return pp_rank * per_stage, (pp_rank + 1) * per_stage
 
     def get_sliding_window_size(self) -> int | None:
         """The model's sliding window, ignoring ``disable_sliding_window``."""

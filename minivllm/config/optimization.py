@@ -65,10 +65,9 @@ def _has_flashinfer() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
-def _ir_priority_head(cfg: VllmConfig, op: str) -> str | None:
+def _ir_priority_head(cfg: VllmConfig, op: Literal["rms_norm", "fused_add_rms_norm"]) -> str | None:
     """The preferred implementation of IR op ``op`` per the kernel config, if it says."""
-    priority = getattr(getattr(cfg, "kernel_config", None), "ir_op_priority", None)
-    impls = getattr(priority, op, None) if priority is not None else None
+    impls: list[str] = getattr(cfg.kernel_config.ir_op_priority, op)  # a field named by op
     return impls[0] if impls else None
 
 
@@ -89,7 +88,7 @@ def enable_act_fusion(cfg: VllmConfig) -> bool:
     quant op is always custom (Inductor cannot fuse through it)."""
     cc = cfg.compilation_config
     model = cfg.model_config
-    nvfp4 = model is not None and bool(getattr(model, "is_nvfp4_quantized", lambda: False)())
+    nvfp4 = model is not None and model.is_nvfp4_quantized()
     return cc.is_custom_op_enabled("silu_and_mul") or cc.is_custom_op_enabled("quant_fp8") or nvfp4
 
 
@@ -154,7 +153,7 @@ def enable_attn_quant_fusion(cfg: VllmConfig) -> bool:
     the pass on would only empty ``splitting_ops`` (no piecewise graphs).
     """
     model = cfg.model_config
-    quantization = getattr(model, "quantization", None) if model is not None else None
+    quantization = None if model is None else model.quantization
     return quantization is not None and quantization != "gguf"
 
 

@@ -64,7 +64,7 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     for f in dataclasses.fields(obj):
         if f.name.startswith("_") or f.metadata.get("explain") is False:
             continue
-        value = getattr(obj, f.name, None)
+        value = getattr(obj, f.name)
         path = f"{prefix}.{f.name}" if prefix else f.name
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             out.update(flatten(value, path))

@@ -109,7 +109,7 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
         cfg._set_compile_ranges()
     with _step(prov, "rule", "set_splitting_ops_for_v1", "graph split points for this mode"):
         cfg.compilation_config.set_splitting_ops_for_v1(
-            all2all_backend=getattr(cfg.parallel_config, "all2all_backend", "allgather"),
+            all2all_backend=cfg.parallel_config.all2all_backend,
             # Data parallelism only couples the ranks' graphs for MoE models.
             data_parallel_size=_effective_dp_size(cfg),
         )
@@ -133,6 +133,7 @@ def _check_supported(cfg: VllmConfig) -> None:
     subsystems minivllm lacks (LoRA, speculative decoding, KV transfer, ...) raise
     `ValueError` here when set."""
     for f in dataclasses.fields(cfg):
+        # Optional sub-configs may be None, and not every config class has the check.
         check = getattr(getattr(cfg, f.name), "check_supported", None)
         if callable(check):
             check()
@@ -219,7 +220,7 @@ def _verify_with_model(cfg: VllmConfig, prov: Provenance) -> None:
 
 
 def _warn_unused_settings(cfg: VllmConfig) -> None:
-    if getattr(cfg.cache_config, "kv_sharing_fast_prefill", False):
+    if cfg.cache_config.kv_sharing_fast_prefill:
         logger.warning(
             "kv_sharing_fast_prefill needs model-side support to be correct and to save "
             "prefill work."
@@ -228,8 +229,8 @@ def _warn_unused_settings(cfg: VllmConfig) -> None:
 
 def _effective_dp_size(cfg: VllmConfig) -> int:
     model = cfg.model_config
-    if model is None or getattr(model, "is_moe", False):
-        return getattr(cfg.parallel_config, "data_parallel_size", 1)
+    if model is None or model.is_moe:
+        return cfg.parallel_config.data_parallel_size
     return 1
 
 

@@ -215,9 +215,10 @@ class VllmConfig:
         additional config and, by default, the minivllm version."""
         factors: list[Any] = [_version()] if include_version else []
         for name in _HASHED_SUBCONFIGS:
-            sub = getattr(self, name, None)
+            sub = getattr(self, name)
             if sub is None:
                 factors.append("None")
+            # Config classes without a hash of their own hash all their fields.
             elif callable(getattr(sub, "compute_hash", None)):
                 factors.append(sub.compute_hash())
             else:
@@ -286,14 +287,10 @@ class VllmConfig:
     def needs_dp_coordinator(self) -> bool:
         """Data parallelism needs a coordinator for MoE waves or internal load balancing."""
         parallel = self.parallel_config
-        if getattr(parallel, "data_parallel_size", 1) <= 1:
+        if parallel.data_parallel_size <= 1:
             return False
         model = self.model_config
-        return (
-            model is None
-            or bool(getattr(model, "is_moe", False))
-            or not getattr(parallel, "data_parallel_external_lb", False)
-        )
+        return model is None or model.is_moe or not parallel.data_parallel_external_lb
 
     @property
     def use_cumem_cudagraph_pool(self) -> bool:
@@ -301,8 +298,8 @@ class VllmConfig:
         model = self.model_config
         return (
             model is not None
-            and bool(getattr(model, "enable_sleep_mode", False))
-            and bool(getattr(model, "sleep_mode_offload_cudagraph", False))
+            and model.enable_sleep_mode
+            and model.sleep_mode_offload_cudagraph
             and self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE
             and current_platform.is_cuda()
         )
@@ -310,15 +307,15 @@ class VllmConfig:
     def __str__(self) -> str:
         model = self.model_config
         parts = [
-            f"model={getattr(model, 'model', None)!r}",
-            f"dtype={getattr(model, 'dtype', None)}",
-            f"max_seq_len={getattr(model, 'max_model_len', None)}",
-            f"enforce_eager={getattr(model, 'enforce_eager', None)}",
+            f"model={None if model is None else model.model!r}",
+            f"dtype={None if model is None else model.dtype}",
+            f"max_seq_len={None if model is None else model.max_model_len}",
+            f"enforce_eager={None if model is None else model.enforce_eager}",
             f"tensor_parallel_size={self.parallel_config.tensor_parallel_size}",
             f"pipeline_parallel_size={self.parallel_config.pipeline_parallel_size}",
-            f"kv_cache_dtype={getattr(self.cache_config, 'cache_dtype', None)}",
+            f"kv_cache_dtype={self.cache_config.cache_dtype}",
             f"block_size={self.cache_config.block_size}",
-            f"enable_prefix_caching={getattr(self.cache_config, 'enable_prefix_caching', None)}",
+            f"enable_prefix_caching={self.cache_config.enable_prefix_caching}",
             f"optimization_level={self.optimization_level.name}",
             f"compilation_config={self.compilation_config!r}",
         ]
@@ -396,8 +393,8 @@ class VllmConfig:
         """Check the final block size against context-parallel interleaving."""
         block_size = self.cache_config.block_size
         parallel = self.parallel_config
-        interleave = getattr(parallel, "cp_kv_cache_interleave_size", 1)
-        if block_size is not None and getattr(parallel, "decode_context_parallel_size", 1) > 1:
+        interleave = parallel.cp_kv_cache_interleave_size
+        if block_size is not None and parallel.decode_context_parallel_size > 1:
             if interleave > block_size or block_size % interleave:
                 raise ValueError(
                     f"block_size ({block_size}) must be a multiple of, and at least, "

@@ -57,7 +57,7 @@ def resolve_async_scheduling(cfg: VllmConfig) -> None:
     """Default ``async_scheduling`` on unless something cannot overlap; reject an
     explicit True that cannot work."""
     sched = cfg.scheduler_config
-    backend = getattr(cfg.parallel_config, "distributed_executor_backend", None)
+    backend = cfg.parallel_config.distributed_executor_backend
     executor_ok = current_platform.supports_async_scheduling(backend)
     if sched.async_scheduling:
         if not executor_ok:
@@ -69,7 +69,7 @@ def resolve_async_scheduling(cfg: VllmConfig) -> None:
     if sched.async_scheduling is not None:
         return
     model = cfg.model_config
-    if model is not None and getattr(model, "runner_type", "generate") == "pooling":
+    if model is not None and model.runner_type == "pooling":
         # Overlap only helps decode loops; pooling requests finish in one step.
         sched.async_scheduling = False
     elif not executor_ok:
@@ -85,23 +85,21 @@ def resolve_async_scheduling(cfg: VllmConfig) -> None:
 def resolve_nccl_for_dp_sync(cfg: VllmConfig) -> None:
     """With async scheduling, DP ranks synchronise over a CPU group instead of NCCL."""
     parallel = cfg.parallel_config
-    if getattr(parallel, "disable_nccl_for_dp_synchronization", False) is None:
+    if parallel.disable_nccl_for_dp_synchronization is None:
         parallel.disable_nccl_for_dp_synchronization = bool(cfg.scheduler_config.async_scheduling)
 
 
 def apply_enforce_eager(cfg: VllmConfig) -> None:
     """``enforce_eager``: no torch.compile, no CUDA graphs, no JIT kernel warm-up."""
     model = cfg.model_config
-    if model is None or not getattr(model, "enforce_eager", False):
+    if model is None or not model.enforce_eager:
         return
     cfg.compilation_config.mode = CompilationMode.NONE
     cfg.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
     kernel = cfg.kernel_config
     # Fault tolerance keeps the warm-up: JIT compiles mid-inference would delay
     # the detection of failed peers past its deadline.
-    if not getattr(cfg.parallel_config, "enable_fault_tolerance", False) and hasattr(
-        kernel, "enable_jit_warmup"
-    ):
+    if not cfg.parallel_config.enable_fault_tolerance:
         kernel.enable_jit_warmup = False
     logger.warning(
         "enforce_eager is set: torch.compile and CUDA graphs are off "
@@ -118,7 +116,7 @@ def apply_torch_compile_disable(cfg: VllmConfig) -> None:
 
 def breakable_cudagraph_enabled(cfg: VllmConfig) -> bool:
     """Breakable CUDA graphs replace compilation: their mode is NONE."""
-    enabled = getattr(cfg.compilation_config, "use_breakable_cudagraph", None) is True
+    enabled = cfg.compilation_config.use_breakable_cudagraph is True
     if enabled:
         cfg.compilation_config.mode = CompilationMode.NONE
     return enabled
@@ -135,7 +133,7 @@ def default_compilation_mode(cfg: VllmConfig) -> None:
 def default_ir_torch_wrap(cfg: VllmConfig) -> None:
     """Torch wrapping of IR ops is only needed for the custom Inductor lowering."""
     cc = cfg.compilation_config
-    if getattr(cc, "ir_enable_torch_wrap", False) is None:
+    if cc.ir_enable_torch_wrap is None:
         cc.ir_enable_torch_wrap = (
             cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"
         )
@@ -184,8 +182,6 @@ def normalize_piecewise_cudagraph_mode(cfg: VllmConfig, breakable: bool) -> None
 def resolve_fast_moe_cold_start(cfg: VllmConfig) -> None:
     """torch >= 2.11 hoists opaque objects, which supersedes fast MoE cold start."""
     cc = cfg.compilation_config
-    if not hasattr(cc, "fast_moe_cold_start"):
-        return
     if _torch_at_least(2, 11):
         cc.fast_moe_cold_start = False
     elif cc.fast_moe_cold_start is None:
@@ -209,10 +205,10 @@ def adjust_cudagraph_mode_for_model(cfg: VllmConfig) -> None:
     cc = cfg.compilation_config
     if model is None:
         return
-    if cc.cudagraph_mode.has_full_cudagraphs() and getattr(model, "pooler_config", None):
+    if cc.cudagraph_mode.has_full_cudagraphs() and model.pooler_config:
         logger.warning("Pooling models do not support full CUDA graphs; using PIECEWISE.")
         cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
-    elif getattr(model, "is_encoder_decoder", False) and cc.cudagraph_mode not in (
+    elif model.is_encoder_decoder and cc.cudagraph_mode not in (
         CUDAGraphMode.NONE,
         CUDAGraphMode.FULL_DECODE_ONLY,
     ):
@@ -224,7 +220,7 @@ def apply_eager_cudagraphs(cfg: VllmConfig) -> None:
     """Under enforce_eager no graph is captured; otherwise each graph warms up once."""
     cc = cfg.compilation_config
     model = cfg.model_config
-    if model is not None and getattr(model, "enforce_eager", False):
+    if model is not None and model.enforce_eager:
         cc.cudagraph_mode = CUDAGraphMode.NONE
         cc.max_cudagraph_capture_size = 0
         cc.cudagraph_capture_sizes = []
@@ -278,11 +274,11 @@ def validate_model_runner(cfg: VllmConfig) -> None:
     """Features the (V1-style) model runner of minivllm cannot run."""
     parallel = cfg.parallel_config
     unsupported: list[str] = []
-    if getattr(parallel, "prefill_context_parallel_size", 1) > 1:
+    if parallel.prefill_context_parallel_size > 1:
         unsupported.append("prefill context parallel")
     if parallel.pipeline_parallel_size > 1 and cfg.scheduler_config.async_scheduling:
         unsupported.append("pipeline parallelism with async scheduling")
-    if getattr(parallel, "enable_batch_sharded_sampling", False):
+    if parallel.enable_batch_sharded_sampling:
         unsupported.append("batch-sharded sampling")
     if unsupported:
         raise ValueError(
@@ -301,7 +297,7 @@ def check_final_cudagraph_mode(cfg: VllmConfig, breakable: bool) -> None:
         cc.cudagraph_mode.has_full_cudagraphs()
         and not cc.cudagraph_mode.has_piecewise_cudagraphs()
         and model is not None
-        and not getattr(model, "disable_cascade_attn", True)
+        and not model.disable_cascade_attn
     ):
         logger.warning(
             "No piecewise CUDA graph for cascade attention: batches that use it run eagerly."
@@ -316,7 +312,7 @@ def resolve_hybrid_kv_cache_manager(cfg: VllmConfig) -> None:
     an explicit request for it that cannot be honoured is an error."""
     need_disable = not current_platform.support_hybrid_kv_cache()
     model = cfg.model_config
-    if model is not None and getattr(model, "attention_chunk_size", None) is not None:
+    if model is not None and model.attention_chunk_size is not None:
         # Chunked local attention regresses with the hybrid manager.
         logger.warning("Chunked local attention: the hybrid KV cache manager is turned off.")
         need_disable = True
@@ -341,8 +337,8 @@ def warn_turing_fp32(cfg: VllmConfig) -> None:
     model = cfg.model_config
     if (
         model is not None
-        and getattr(cfg.scheduler_config, "enable_chunked_prefill", False)
-        and str(getattr(model, "dtype", "")).endswith("float32")
+        and cfg.scheduler_config.enable_chunked_prefill
+        and str(model.dtype).endswith("float32")
         and current_platform.get_device_capability() == (7, 5)
     ):
         logger.warning(

@@ -25,13 +25,18 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from minivllm.engine.llm_engine import LLMEngine, PromptInput
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from minivllm.stats import SchedulerStats
+
+if TYPE_CHECKING:
+    from minivllm.args.engine_args import EngineArgs
+    from minivllm.config.model import ModelConfig
+    from minivllm.config.vllm import VllmConfig
 
 logger = init_logger(__name__)
 
@@ -129,7 +134,7 @@ class AsyncLLM:
         self._thread.start()
 
     @classmethod
-    def from_engine_args(cls, engine_args: Any, **kwargs: Any) -> AsyncLLM:
+    def from_engine_args(cls, engine_args: EngineArgs, **kwargs: Any) -> AsyncLLM:
         return cls(LLMEngine.from_engine_args(engine_args), **kwargs)
 
     # -- state ----------------------------------------------------------------
@@ -146,11 +151,11 @@ class AsyncLLM:
         return self.engine.get_tokenizer()
 
     @property
-    def model_config(self) -> Any:
+    def model_config(self) -> ModelConfig:
         return self.engine.model_config
 
     @property
-    def vllm_config(self) -> Any:
+    def vllm_config(self) -> VllmConfig:
         return self.engine.vllm_config
 
     def validate_request(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minivllm.engine.output_processor import OutputProcessor, ParentRequest
 from minivllm.executor.uniproc import get_executor_class
@@ -21,6 +21,10 @@ from minivllm.scheduler.request import Request, RequestStatus
 from minivllm.scheduler.scheduler import Scheduler
 from minivllm.stats import SchedulerStats
 
+if TYPE_CHECKING:
+    from minivllm.args.engine_args import EngineArgs
+    from minivllm.config.vllm import VllmConfig
+
 logger = init_logger(__name__)
 
 PromptInput = str | list[int] | dict[str, Any]
@@ -30,11 +34,13 @@ PromptInput = str | list[int] | dict[str, Any]
 class LLMEngine:
     """Scheduler + executor + output processor for one model."""
 
-    def __init__(self, vllm_config: Any) -> None:
+    def __init__(self, vllm_config: VllmConfig) -> None:
         from minivllm.tokenizer import get_tokenizer
 
         self.vllm_config = vllm_config
         mc = vllm_config.model_config
+        if mc is None:
+            raise ValueError("LLMEngine needs a VllmConfig with a model_config; name a model.")
         self.model_config = mc
         self.tokenizer = None
         if not mc.skip_tokenizer_init:
@@ -42,12 +48,13 @@ class LLMEngine:
         self.executor = get_executor_class(vllm_config)(vllm_config)
         self.scheduler = Scheduler.from_config(vllm_config, self.executor.num_blocks)
         self.output_processor = OutputProcessor(self.tokenizer)
+        # No tokenizer with skip_tokenizer_init; a GGUF or HF one may still lack an EOS id.
         self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
-        self.max_logprobs = getattr(mc, "max_logprobs", 20)
+        self.max_logprobs = mc.max_logprobs
         self._ids = itertools.count()
 
     @classmethod
-    def from_engine_args(cls, engine_args: Any) -> LLMEngine:
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
         return cls(engine_args.create_engine_config())
 
     # -- requests -----------------------------------------------------------

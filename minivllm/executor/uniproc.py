@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from minivllm.logger import init_logger
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
 
 logger = init_logger(__name__)
 
@@ -13,7 +16,7 @@ logger = init_logger(__name__)
 class UniProcExecutor:
     """Drives one `Worker`; chosen for world size 1."""
 
-    def __init__(self, vllm_config: Any) -> None:
+    def __init__(self, vllm_config: VllmConfig) -> None:
         from minivllm.worker.worker import Worker
 
         self.vllm_config = vllm_config
@@ -47,7 +50,9 @@ class UniProcExecutor:
         """Nothing to stop for an in-process worker."""
 
 
-def check_kv_cache_holds_max_model_len(vllm_config: Any, num_blocks: int, source: str) -> None:
+def check_kv_cache_holds_max_model_len(
+    vllm_config: VllmConfig, num_blocks: int, source: str
+) -> None:
     """The KV cache must hold one request of ``max_model_len`` tokens, as in vLLM.
 
     Otherwise long requests would be cut short at run time (finish_reason "length")
@@ -57,12 +62,13 @@ def check_kv_cache_holds_max_model_len(vllm_config: Any, num_blocks: int, source
     """
     mc = vllm_config.model_config
     block_size = vllm_config.cache_config.block_size
+    # A resolved config (the only kind the engine runs) has all three.
+    assert mc is not None and mc.max_model_len is not None and block_size is not None
     capacity = (num_blocks - 1) * block_size
     max_model_len = mc.max_model_len
     if capacity >= max_model_len:
         return
-    provenance = getattr(vllm_config, "provenance", None)
-    origin = provenance.origins.get("model_config.max_model_len") if provenance else None
+    origin = vllm_config.provenance.origins.get("model_config.max_model_len")
     if origin is not None and origin.source == "user":
         raise ValueError(
             f"max_model_len={max_model_len} does not fit in the KV cache: it holds "
@@ -87,7 +93,7 @@ def check_kv_cache_holds_max_model_len(vllm_config: Any, num_blocks: int, source
     mc.max_model_len = capacity
 
 
-def get_executor_class(vllm_config: Any) -> type[UniProcExecutor]:
+def get_executor_class(vllm_config: VllmConfig) -> type[UniProcExecutor]:
     """The executor for ``vllm_config``'s parallel layout, or a ValueError saying why not."""
     parallel = vllm_config.parallel_config
     if parallel.world_size > 1:

@@ -73,7 +73,7 @@ def hash_block_tokens(
     return hash_fn((parent_hash, tokens, extra_keys))
 
 
-class _HashableRequest(Protocol):
+class HashableRequest(Protocol):
     """What the block hasher needs from a request (kept structural: no scheduler import)."""
 
     @property
@@ -84,7 +84,7 @@ class _HashableRequest(Protocol):
 
 def make_block_hasher(
     block_size: int, hash_fn: HashFn, extra_keys: tuple[Any, ...] | None = None
-) -> Callable[[_HashableRequest], list[BlockHash]]:
+) -> Callable[[HashableRequest], list[BlockHash]]:
     """A function that returns the hashes of a request's full blocks not hashed yet.
 
     It starts after the last hash already in ``request.block_hashes``, so calling
@@ -95,7 +95,7 @@ def make_block_hasher(
     if block_size <= 0:
         raise ValueError(f"block_size must be a positive number of tokens, got {block_size}.")
 
-    def hasher(request: _HashableRequest) -> list[BlockHash]:
+    def hasher(request: HashableRequest) -> list[BlockHash]:
         tokens = request.all_token_ids
         start = len(request.block_hashes)
         parent = request.block_hashes[-1] if start else None

@@ -17,13 +17,37 @@ The scheduler drives it in this order for each request:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from minivllm.kv_cache.block_pool import BlockPool, KVCacheBlock, PrefixCacheStats
-from minivllm.kv_cache.hashing import BlockHash, get_hash_fn, make_block_hasher
+from minivllm.kv_cache.hashing import BlockHash, HashableRequest, get_hash_fn, make_block_hasher
 
-if TYPE_CHECKING:
-    from minivllm.scheduler.request import Request
+
+class PromptLogprobsParams(Protocol):
+    """The one sampling parameter the manager reads: prompt logprobs bypass the cache."""
+
+    @property
+    def prompt_logprobs(self) -> int | None: ...
+
+
+class KVCacheRequest(HashableRequest, Protocol):
+    """What the manager reads from a request.
+
+    Structural, so the KV cache layer needs no import of the scheduler above it:
+    the scheduler's ``Request`` satisfies it as it is.
+    """
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_computed_tokens(self) -> int: ...
+
+    @property
+    def sampling_params(self) -> PromptLogprobsParams: ...
 
 
 def cdiv(a: int, b: int) -> int:
@@ -51,7 +75,7 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.hash_fn = get_hash_fn(hash_algo)
         self.block_hasher = make_block_hasher(block_size, self.hash_fn, extra_keys)
-        """Give this to `Request` so its block hashes grow as tokens are appended."""
+        """Give this to the scheduler's `Request` so its block hashes grow as tokens are appended."""
         self.block_pool = BlockPool(num_blocks, enable_caching, reserve_null_block)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Leading blocks of each request already published in the prefix cache.
@@ -86,21 +110,20 @@ class KVCacheManager:
         return cdiv(num_tokens, self.block_size)
 
     # -- prefix cache -----------------------------------------------------------
-    def update_block_hashes(self, request: Request) -> list[BlockHash]:
+    def update_block_hashes(self, request: KVCacheRequest) -> list[BlockHash]:
         """Extend ``request.block_hashes`` to cover every full block of its context."""
         if self.enable_caching:
             request.block_hashes.extend(self.block_hasher(request))
         return request.block_hashes
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: KVCacheRequest) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of ``request``: (blocks, number of tokens they cover).
 
         Looks at most at ``num_tokens - 1`` tokens, so at least the last token is
         computed; with whole-block granularity that may recompute a full block.
         Requests that ask for prompt logprobs skip the cache: their prompt must run.
         """
-        sampling_params = getattr(request, "sampling_params", None)
-        if not self.enable_caching or getattr(sampling_params, "prompt_logprobs", None):
+        if not self.enable_caching or request.sampling_params.prompt_logprobs:
             return [], 0
         hashes = self.update_block_hashes(request)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
@@ -112,7 +135,7 @@ class KVCacheManager:
             blocks.append(block)
         return blocks, len(blocks) * self.block_size
 
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+    def cache_blocks(self, request: KVCacheRequest, num_computed_tokens: int) -> None:
         """Publish the request's blocks that are full up to ``num_computed_tokens``."""
         if not self.enable_caching:
             return
@@ -136,7 +159,7 @@ class KVCacheManager:
     # -- allocation -----------------------------------------------------------
     def can_allocate(
         self,
-        request: Request,
+        request: KVCacheRequest,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
@@ -151,7 +174,7 @@ class KVCacheManager:
 
     def allocate_slots(
         self,
-        request: Request,
+        request: KVCacheRequest,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock] | None = None,
         num_lookahead_tokens: int = 0,
@@ -189,7 +212,7 @@ class KVCacheManager:
 
     def _num_new_blocks_needed(
         self,
-        request: Request,
+        request: KVCacheRequest,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock],
         num_lookahead_tokens: int,
@@ -202,7 +225,7 @@ class KVCacheManager:
         held = len(self.req_to_blocks.get(request.request_id, ())) + len(new_computed_blocks)
         return max(cdiv(num_tokens, self.block_size) - held, 0)
 
-    def free(self, request: Request) -> None:
+    def free(self, request: KVCacheRequest) -> None:
         """Release every block of ``request`` at once.
 
         Blocks are freed tail first, so when several of them are cached the end of

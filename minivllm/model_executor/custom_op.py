@@ -13,12 +13,15 @@ With no config current, the optimized path is used and nothing is counted.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from minivllm.config.vllm import get_current_vllm_config_or_none
 from minivllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from minivllm.config.compilation import CompilationConfig
 
 logger = init_logger(__name__)
 
@@ -26,17 +29,17 @@ op_registry: dict[str, type[CustomOp]] = {}
 """Every CustomOp class by its name (filled at import by `CustomOp.register`)."""
 
 
-def current_compilation_config() -> Any | None:
+def current_compilation_config() -> CompilationConfig | None:
     """The compilation config of the current `VllmConfig`, or None when none is set."""
     cfg = get_current_vllm_config_or_none()
     return None if cfg is None else cfg.compilation_config
 
 
-def custom_op_enabled(compilation_config: Any, name: str) -> bool:
+def custom_op_enabled(compilation_config: CompilationConfig, name: str) -> bool:
     """Whether op ``name`` should take its optimized path under ``compilation_config``."""
-    ops: list[str] = list(getattr(compilation_config, "custom_ops", []) or [])
+    ops = compilation_config.custom_ops
     if ops.count("all") + ops.count("none") == 1:
-        return bool(compilation_config.is_custom_op_enabled(name))
+        return compilation_config.is_custom_op_enabled(name)
     # An unresolved list (no base mode yet, e.g. a bare CompilationConfig) still
     # honours explicit flags; anything not disabled keeps the optimized default.
     if f"-{name}" in ops:

@@ -25,9 +25,8 @@ class CpuPlatform(Platform):
 
     def check_and_update_config(self, vllm_config: VllmConfig) -> None:
         super().check_and_update_config(vllm_config)
-        device_config = getattr(vllm_config, "device_config", None)
-        device_type = getattr(device_config, "device_type", None)
-        if device_type not in (None, "", "cpu"):
+        device_type = vllm_config.device_config.device_type
+        if device_type not in ("", "cpu"):  # "" until DeviceConfig resolves "auto"
             raise ValueError(
                 f"device {device_type!r} was requested but the current platform is the CPU; "
                 "use --device cpu (or auto), or run on a machine with that device."
@@ -35,8 +34,5 @@ class CpuPlatform(Platform):
         model_config = vllm_config.model_config
         # Cascade attention is a GPU kernel optimisation; the CPU attention backend
         # has no cascade path, so never plan for one.
-        if (
-            model_config is not None
-            and getattr(model_config, "disable_cascade_attn", True) is False
-        ):
+        if model_config is not None and not model_config.disable_cascade_attn:
             model_config.disable_cascade_attn = True

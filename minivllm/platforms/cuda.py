@@ -100,7 +100,7 @@ class CudaPlatform(Platform):
 
     def check_and_update_config(self, vllm_config: VllmConfig) -> None:
         super().check_and_update_config(vllm_config)
-        block_size = getattr(vllm_config.cache_config, "block_size", None)
+        block_size = vllm_config.cache_config.block_size
         if block_size is not None and block_size > MAX_CUDA_BLOCK_SIZE:
             raise ValueError(
                 f"block_size={block_size} is not supported on CUDA, whose attention kernels "
@@ -115,8 +115,7 @@ class CudaPlatform(Platform):
         capability = self.get_device_capability()
         if model_config is None or capability is None:
             return
-        dtype = getattr(model_config, "dtype", None)
-        if str(dtype).removeprefix("torch.") == "bfloat16" and capability < (8, 0):
+        if str(model_config.dtype).removeprefix("torch.") == "bfloat16" and capability < (8, 0):
             raise ValueError(
                 f"bfloat16 needs a GPU of compute capability 8.0 or newer, but this one is "
                 f"{capability.as_version_str()}; use --dtype float16."

@@ -142,9 +142,8 @@ class Platform:
         its block size when the user left it unset (CacheConfig has no static default
         for it); subclasses call it first.
         """
-        cache_config = getattr(vllm_config, "cache_config", None)
-        if cache_config is not None and getattr(cache_config, "block_size", 0) is None:
-            cache_config.block_size = self.get_default_block_size()
+        if vllm_config.cache_config.block_size is None:
+            vllm_config.cache_config.block_size = self.get_default_block_size()
 
     # -- attention --------------------------------------------------------
     def choose_attention_backend(self, device_type: str | None = None) -> AttentionBackendChoice:

@@ -146,9 +146,10 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     """
     params = request.sampling_params
     last = request.output_token_ids[-1]
-    if request.num_output_tokens >= (getattr(params, "min_tokens", 0) or 0):
-        stop_ids = getattr(params, "stop_token_ids", None) or ()
-        if not getattr(params, "ignore_eos", False) and _is_eos(request, last, stop_ids):
+    if request.num_output_tokens >= params.min_tokens:
+        # The field is typed Optional, but __post_init__ turns None into [].
+        stop_ids = params.stop_token_ids or ()
+        if not params.ignore_eos and _is_eos(request, last, stop_ids):
             request.status = RequestStatus.FINISHED_STOPPED
             return True
         if last in stop_ids:
@@ -169,5 +170,4 @@ def _is_eos(request: Request, token_id: int, stop_ids: Collection[int]) -> bool:
         return True
     # The engine puts the model's other EOS ids into all_stop_token_ids, next to the
     # user's stop_token_ids (which report a stop_reason instead).
-    all_stop = getattr(request.sampling_params, "all_stop_token_ids", None) or ()
-    return token_id in all_stop and token_id not in stop_ids
+    return token_id in request.sampling_params.all_stop_token_ids and token_id not in stop_ids

@@ -19,6 +19,7 @@ from typing import Any
 
 from minivllm.kv_cache.manager import KVCacheManager
 from minivllm.logger import init_logger
+from minivllm.scheduler.config_view import SchedulingConfig
 from minivllm.scheduler.output import (
     CachedRequestData,
     EngineCoreOutput,
@@ -65,7 +66,6 @@ class Scheduler:
                 "long_prefill_token_threshold must be >= 0 (0 disables it), "
                 f"got {long_prefill_token_threshold}."
             )
-        policy = str(getattr(policy, "value", policy))
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"Unknown scheduling policy {policy!r}; choose one of "
@@ -97,36 +97,39 @@ class Scheduler:
         self._pending_outputs: list[EngineCoreOutput] = []
 
     @classmethod
-    def from_config(cls, vllm_config: Any, num_blocks: int) -> Scheduler:
+    def from_config(cls, vllm_config: SchedulingConfig, num_blocks: int) -> Scheduler:
         """Build the scheduler and its KV cache manager from a resolved `VllmConfig`."""
         sched = vllm_config.scheduler_config
         cache = vllm_config.cache_config
+        if vllm_config.model_config is None:
+            raise ValueError("The VllmConfig has no model_config; the scheduler needs a model.")
         max_model_len = vllm_config.model_config.max_model_len
         if cache.block_size is None:
             raise ValueError("cache_config.block_size is unset; resolve the VllmConfig first.")
-        enable_caching = cache.enable_prefix_caching
+        # Filled by SchedulerConfig.__post_init__ and ModelConfig.__post_init__.
+        assert sched.max_num_seqs is not None and sched.max_num_batched_tokens is not None
+        assert max_model_len is not None
         manager = KVCacheManager(
             num_blocks=num_blocks,
             block_size=cache.block_size,
-            # None means "not chosen"; prefix caching is on by default as in vLLM v1.
-            enable_caching=True if enable_caching is None else bool(enable_caching),
-            hash_algo=getattr(cache, "prefix_caching_hash_algo", "sha256"),
+            enable_caching=cache.enable_prefix_caching,
+            hash_algo=cache.prefix_caching_hash_algo,
             max_model_len=max_model_len,
         )
         # Speculative decoding may reserve part of the batch: the scheduler hands out
-        # max_num_scheduled_tokens when the config sets it.
-        budget = getattr(sched, "max_num_scheduled_tokens", None) or sched.max_num_batched_tokens
+        # max_num_scheduled_tokens when the config sets it (None: the whole budget).
+        budget = sched.max_num_scheduled_tokens or sched.max_num_batched_tokens
         return cls(
             manager,
             max_num_seqs=sched.max_num_seqs,
             max_num_batched_tokens=budget,
             max_model_len=max_model_len,
-            enable_chunked_prefill=bool(sched.enable_chunked_prefill),
-            policy=getattr(sched, "policy", "fcfs"),
-            long_prefill_token_threshold=getattr(sched, "long_prefill_token_threshold", 0) or 0,
-            max_num_partial_prefills=getattr(sched, "max_num_partial_prefills", 1),
-            max_long_partial_prefills=getattr(sched, "max_long_partial_prefills", 1),
-            reserve_full_isl=bool(getattr(sched, "scheduler_reserve_full_isl", True)),
+            enable_chunked_prefill=sched.enable_chunked_prefill,
+            policy=sched.policy,
+            long_prefill_token_threshold=sched.long_prefill_token_threshold,
+            max_num_partial_prefills=sched.max_num_partial_prefills,
+            max_long_partial_prefills=sched.max_long_partial_prefills,
+            reserve_full_isl=sched.scheduler_reserve_full_isl,
         )
 
     # -- requests in and out ------------------------------------------------------
@@ -406,9 +409,8 @@ class Scheduler:
                         break
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
 
-            new_logprobs = None
-            if i is not None and i < len(logprob_rows) and logprob_rows[i] is not None:
-                new_logprobs = list(logprob_rows[i])[: len(new_token_ids)]
+            logprob_row = logprob_rows[i] if i is not None and i < len(logprob_rows) else None
+            new_logprobs = None if logprob_row is None else list(logprob_row)[: len(new_token_ids)]
             prompt_logprobs = model_runner_output.prompt_logprobs.get(rid)
             if request.is_finished:
                 self._free_request(request)

@@ -171,7 +171,11 @@ def _cfg(ops: list[str] | None = None, tp: int = 1, quantization: str | None = N
     return SimpleNamespace(
         compilation_config=_CC(ops or ["none"], **cc),
         parallel_config=SimpleNamespace(tensor_parallel_size=tp),
-        model_config=SimpleNamespace(quantization=quantization, get_hidden_size=lambda: 576),
+        model_config=SimpleNamespace(
+            quantization=quantization,
+            get_hidden_size=lambda: 576,
+            is_nvfp4_quantized=lambda: False,
+        ),
         kernel_config=SimpleNamespace(
             ir_op_priority=SimpleNamespace(rms_norm=["native"], fused_add_rms_norm=["native"])
         ),

@@ -251,6 +251,7 @@ def test_negative_shutdown_timeout() -> None:
 
 
 def _stub(mode: CUDAGraphMode, **model: Any) -> SimpleNamespace:
+    model = {"pooler_config": None, "is_encoder_decoder": False, **model}
     return SimpleNamespace(
         model_config=SimpleNamespace(**model),
         compilation_config=SimpleNamespace(cudagraph_mode=mode),
@@ -264,7 +265,7 @@ def test_pooling_models_drop_full_graphs() -> None:
 
 
 def test_encoder_decoder_models_use_full_decode_only() -> None:
-    cfg = _stub(CUDAGraphMode.PIECEWISE, pooler_config=None, is_encoder_decoder=True)
+    cfg = _stub(CUDAGraphMode.PIECEWISE, is_encoder_decoder=True)
     rules.adjust_cudagraph_mode_for_model(cfg)
     assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
 
@@ -273,7 +274,10 @@ def test_async_scheduling_off_with_pipeline_parallelism() -> None:
     cfg = SimpleNamespace(
         scheduler_config=SimpleNamespace(async_scheduling=None),
         parallel_config=SimpleNamespace(
-            distributed_executor_backend="mp", pipeline_parallel_size=2
+            distributed_executor_backend="mp",
+            pipeline_parallel_size=2,
+            prefill_context_parallel_size=1,
+            enable_batch_sharded_sampling=None,
         ),
         model_config=None,
         use_v2_model_runner=False,

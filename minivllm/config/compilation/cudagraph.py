@@ -7,7 +7,7 @@ as a method of the same name, which is what callers use.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from minivllm.config.attention_support import AttentionCGSupport
 from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode, log_once
@@ -131,13 +131,23 @@ def set_splitting_ops_for_attn_fusion(cfg: CompilationConfig) -> None:
         )
 
 
+class KVCacheLayout(Protocol):
+    """What the graph-mode check reads from the worker's KV cache configuration."""
+
+    @property
+    def has_mamba_layers(self) -> bool: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
+
 def resolve_cudagraph_mode_and_sizes(
     cfg: CompilationConfig,
     min_cg_support: AttentionCGSupport,
     min_cg_attn_backend: str | None,
     uniform_decode_query_len: int = 1,
     use_v2_model_runner: bool = False,
-    kv_cache_config: Any = None,
+    kv_cache_config: KVCacheLayout | None = None,
     max_num_reqs: int | None = None,
     is_profiling: bool = False,
     piecewise_capture_available: bool = True,

@@ -95,9 +95,7 @@ def set_cudagraph_sizes(cfg: VllmConfig) -> None:
     cc = cfg.compilation_config
     model = cfg.model_config
     uses_graphs = (
-        model is not None
-        and not getattr(model, "enforce_eager", False)
-        and cc.cudagraph_mode != CUDAGraphMode.NONE
+        model is not None and not model.enforce_eager and cc.cudagraph_mode != CUDAGraphMode.NONE
     )
     if not uses_graphs:
         cc.max_cudagraph_capture_size = 0

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from minivllm.config.utils import UnsupportedFeature, config, get_hash_factors, hash_factors
+
+if TYPE_CHECKING:
+    from minivllm.config.model import ModelConfig
+    from minivllm.config.parallel import ParallelConfig
 
 
 @config
@@ -19,13 +23,13 @@ class EngramConfig(UnsupportedFeature):
     dp_shared_memory: bool | None = None
     """Share the tables between data-parallel ranks on a node (None: auto)."""
 
-    def verify_model_config(self, model_config: Any) -> None:
+    def verify_model_config(self, model_config: ModelConfig) -> None:
         self.check_supported()
 
-    def resolve_dp_shared_memory(self, parallel_config: Any) -> None:
+    def resolve_dp_shared_memory(self, parallel_config: ParallelConfig) -> None:
         self.check_supported()
 
-    def verify_parallel_config(self, parallel_config: Any) -> None:
+    def verify_parallel_config(self, parallel_config: ParallelConfig) -> None:
         self.check_supported()
 
     def compute_hash(self) -> str:

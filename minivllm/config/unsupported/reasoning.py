@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from minivllm.config.utils import UnsupportedFeature, config
+
+if TYPE_CHECKING:
+    from minivllm.config.model import ModelConfig
 
 
 @config
@@ -26,5 +29,5 @@ class ReasoningConfig(UnsupportedFeature):
         """Whether think-token ids are known (never, here)."""
         return False
 
-    def initialize_token_ids(self, model_config: Any) -> None:
+    def initialize_token_ids(self, model_config: ModelConfig) -> None:
         self.check_supported()

@@ -16,7 +16,8 @@ def rope_parameters_from_config(hf_config: Any) -> dict[str, Any]:
     """The rope settings of a transformers config as one dict with ``rope_theta``.
 
     transformers 5 keeps them in ``rope_parameters``; older configs use
-    ``rope_theta`` plus an optional ``rope_scaling`` dict.
+    ``rope_theta`` plus an optional ``rope_scaling`` dict.  Hence getattr: which of
+    these a transformers (or GGUF-derived) config carries depends on its version.
     """
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
     scaling = getattr(hf_config, "rope_scaling", None)

@@ -53,6 +53,7 @@ class AttnOptions:
 
 def head_dim_of(config: Any) -> int:
     """Head size: ``config.head_dim`` when given, else hidden_size / num_heads."""
+    # getattr here and below: optional fields of an HF config differ by model family.
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 

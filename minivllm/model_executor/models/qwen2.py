@@ -12,6 +12,7 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
     @classmethod
     def attn_options(cls, config: Any) -> AttnOptions:
+        # getattr: the HF config carries these fields only when the checkpoint sets them.
         if getattr(config, "use_sliding_window", False):
             raise ValueError("Qwen2 sliding-window attention is not supported; disable it")
         return AttnOptions(qkv_bias=True, o_bias=False)

@@ -12,6 +12,7 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
 
     @classmethod
     def attn_options(cls, config: Any) -> AttnOptions:
+        # getattr: the HF config carries these fields only when the checkpoint sets them.
         if getattr(config, "use_sliding_window", False):
             raise ValueError("Qwen3 sliding-window attention is not supported; disable it")
         bias = bool(getattr(config, "attention_bias", False))

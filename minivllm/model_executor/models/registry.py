@@ -45,6 +45,7 @@ def get_model_class(architecture: str) -> type[nn.Module]:
 
 def resolve_architecture(hf_config: Any) -> str:
     """The first supported entry of ``hf_config.architectures`` (or from ``model_type``)."""
+    # getattr: transformers configs built from a bare model_type have no architectures.
     archs = list(getattr(hf_config, "architectures", None) or [])
     for arch in archs:
         if arch in _MODELS:

@@ -58,12 +58,22 @@ class EngineShutdownError(RuntimeError):
 
 @dataclass
 class FinishedRequestStats:
-    """What the metrics need to know about one finished completion."""
+    """What the metrics need to know about one finished request (all its completions)."""
 
     finish_reason: str
     e2e_latency: float
     num_prompt_tokens: int
     num_generation_tokens: int
+    queue_time: float = 0.0
+    """Arrival to the start of the first step that computed any of its tokens."""
+    prefill_time: float = 0.0
+    """That step's start to the first token."""
+    decode_time: float = 0.0
+    """First token to last token."""
+    inference_time: float = 0.0
+    """First scheduled step's start to the last token (prefill + decode)."""
+    n: int = 1
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -108,6 +118,10 @@ class _Stream:
     counted_prompt: bool = False
     arrival: float = field(default_factory=time.monotonic)
     timings: dict[int, _Timing] = field(default_factory=dict)
+    scheduled: float | None = None
+    """Start of the first step that computed tokens of this request."""
+    n: int = 1
+    max_tokens: int | None = None
 
 
 class AsyncLLM:
@@ -130,6 +144,7 @@ class AsyncLLM:
         self._drain_deadline: float | None = None
         self._stop = False
         self._dead: BaseException | None = None
+        self._step_start = time.monotonic()
         self._thread = threading.Thread(target=self._run_loop, name="minivllm-engine", daemon=True)
         self._thread.start()
 
@@ -193,6 +208,8 @@ class AsyncLLM:
             asyncio.Queue(),
             delta=sampling_params.output_kind == RequestOutputKind.DELTA,
             num_prompt_tokens=len(ids) if ids else 0,
+            n=sampling_params.n,
+            max_tokens=sampling_params.max_tokens,
         )
         self._send("add", (request_id, prompt, sampling_params, priority, stream))
         finished = False
@@ -319,6 +336,7 @@ class AsyncLLM:
         return True
 
     def _step(self) -> None:
+        self._step_start = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as exc:
@@ -332,7 +350,18 @@ class AsyncLLM:
             return
         stats = IterationStats()
         self._deliver(outputs, stats)
+        self._mark_scheduled()
         self._record(stats)
+
+    def _mark_scheduled(self) -> None:
+        """Note the step in which each waiting request first got tokens computed (its
+        queue time ends there); a request with n > 1 runs as children ``0_<id>``, ...."""
+        requests = getattr(getattr(self.engine, "scheduler", None), "requests", {})
+        for rid, stream in self._streams.items():
+            if stream.scheduled is None:
+                request = requests.get(rid) or requests.get(f"0_{rid}")
+                if request is not None and getattr(request, "num_computed_tokens", 0) > 0:
+                    stream.scheduled = self._step_start
 
     def _deliver(self, outputs: list[RequestOutput], stats: IterationStats) -> None:
         now = time.monotonic()
@@ -377,15 +406,36 @@ class AsyncLLM:
                 timing.last_token = now
                 timing.num_tokens += new_tokens
                 stats.num_generation_tokens += new_tokens
-            if completion.finish_reason is not None:
-                stats.finished_requests.append(
-                    FinishedRequestStats(
-                        completion.finish_reason,
-                        now - timing.arrival,
-                        stream.num_prompt_tokens,
-                        timing.num_tokens,
-                    )
-                )
+        if output.finished:  # one entry per request, whatever its n
+            self._finish(stream, output, now, stats)
+
+    def _finish(
+        self, stream: _Stream, output: RequestOutput, now: float, stats: IterationStats
+    ) -> None:
+        timings = list(stream.timings.values())
+        firsts = [t.first_token for t in timings if t.first_token is not None]
+        lasts = [t.last_token for t in timings if t.last_token is not None]
+        reasons = [c.finish_reason for c in output.outputs if c.finish_reason is not None]
+        reason = "abort" if "abort" in reasons else (reasons[0] if reasons else "abort")
+        scheduled = stream.scheduled
+        if scheduled is None and firsts:  # prefilled and finished within one step
+            scheduled = self._step_start
+        first = min(firsts) if firsts else None
+        last = max(lasts) if lasts else None
+        stats.finished_requests.append(
+            FinishedRequestStats(
+                reason,
+                now - stream.arrival,
+                stream.num_prompt_tokens,
+                sum(t.num_tokens for t in timings),
+                queue_time=(scheduled if scheduled is not None else now) - stream.arrival,
+                prefill_time=first - scheduled if first is not None and scheduled else 0.0,
+                decode_time=last - first if last and first else 0.0,
+                inference_time=last - scheduled if last and scheduled else 0.0,
+                n=stream.n,
+                max_tokens=stream.max_tokens,
+            )
+        )
 
     def _fail_streams(self, request_ids: list[str], error: BaseException) -> None:
         for rid in request_ids:

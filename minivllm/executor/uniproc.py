@@ -35,7 +35,7 @@ class UniProcExecutor:
         self.num_blocks = num_blocks
         vllm_config.cache_config.num_gpu_blocks = num_blocks
         logger.info(
-            "KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB (%s)",
+            "start-up 4/4: KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB (%s)",
             num_blocks,
             block_size,
             num_blocks * block_size,

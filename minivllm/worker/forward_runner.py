@@ -142,6 +142,11 @@ class ForwardRunner:
         cc = self.compilation_config
         sizes = [min(self.max_num_tokens, WARMUP_TRACE_TOKENS)]
         sizes += [int(s) for s in cc.compile_sizes or [] if int(s) <= self.max_num_tokens]
+        logger.info(
+            "start-up 2/4: compiling the model (mode %s; the first start compiles, ~20 s on a "
+            "CPU; later starts load the compile cache; -O0 skips compiling)",
+            cc.mode.name if cc.mode is not None else "NONE",
+        )
         start = timer()
         for n in dict.fromkeys(sizes):
             self._dummy_forward(max(n, 1))
@@ -173,6 +178,7 @@ class ForwardRunner:
         if not plan or self.device.type != "cuda" or self._pool is None:
             return 0
         warmups = self.compilation_config.cudagraph_num_of_warmups
+        logger.info("start-up 3/4: capturing %d CUDA graphs", len(plan))
         free_before = torch.cuda.mem_get_info(self.device)[0]
         start = timer()
         # One eager run on the capture stream first, whatever cudagraph_num_of_warmups

@@ -56,6 +56,7 @@ class ModelRunner:
     def load_model(self) -> None:
         mc = self.model_config
         load_format = self.vllm_config.load_config.load_format
+        logger.info("start-up 1/4: loading the weights of %s", mc.model)
         with set_current_vllm_config(self.vllm_config):
             self.model = load_model(
                 mc.model, mc.hf_config, self.dtype, load_format=load_format, device=self.device

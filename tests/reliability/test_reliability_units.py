@@ -53,3 +53,21 @@ def test_streamed_legacy_logprobs_keep_every_field() -> None:
         "tokens": ["a", "b"],
         "top_logprobs": [{"a": -0.5}, {"b": -1.5, "a": -0.5}],
     }
+
+
+def test_requests_are_logged_only_when_asked(caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from minivllm.entrypoints.openai.serving_engine import OpenAIServing
+
+    engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64))
+    params = SamplingParams(max_tokens=1)
+    caplog.set_level("INFO", logger="minivllm")
+    quiet = OpenAIServing(engine, None, None, pool=object())  # type: ignore[arg-type]
+    quiet.log_request("r1", "a secret prompt", [1, 2, 3], params)
+    assert "secret" not in caplog.text
+    loud = OpenAIServing(engine, None, None, max_log_len=4, pool=object(),  # type: ignore[arg-type]
+                         enable_log_requests=True)  # fmt: skip
+    loud.log_request("r2", "a secret prompt", list(range(100)), params)
+    assert "'a se'" in caplog.text and "[0, 1, 2, 3]" in caplog.text
+    assert "secret" not in caplog.text and "99" not in caplog.text

@@ -15,13 +15,25 @@ def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
     return [ordered[0], *ordered], [0.0] + [(i + 1) / n for i in range(n)]
 
 
+PLOT_EXTRA_HINT = "--plot needs matplotlib, an optional extra: pip install 'minivllm[plot]'"
+
+
+def require_matplotlib() -> None:
+    """ValueError with the install hint when matplotlib is missing (checked before a run,
+    so nobody waits for a benchmark to learn that its plot cannot be drawn)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(PLOT_EXTRA_HINT)
+
+
 def plot_serve(results: list[RequestResult], duration: float, path: str | os.PathLike[str]) -> None:
     """Four panels: CDFs of TTFT, TPOT and E2EL (ms) of the successful requests, and
     output tokens / s and requests in flight per second of the run."""
     try:
         import matplotlib
     except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install matplotlib") from None
+        raise ValueError(PLOT_EXTRA_HINT) from None
     matplotlib.use("Agg")  # no display needed; must precede pyplot's import
     import matplotlib.pyplot as plt
 

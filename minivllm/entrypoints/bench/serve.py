@@ -309,6 +309,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"argument --max-concurrency: must be >= 1, got {args.max_concurrency}")
     if args.plot is not None and not str(args.plot).lower().endswith(".png"):
         raise ValueError(f"argument --plot: the file name must end in .png, got {args.plot!r}")
+    if args.plot is not None:
+        from minivllm.entrypoints.bench.plot import require_matplotlib
+
+        require_matplotlib()
 
     models = fetch_models(args.base_url, args.api_key)
     if args.model is None:

@@ -145,6 +145,41 @@ def run_session(session: ChatSession, stdin: TextIO, out: TextIO, err: TextIO) -
         out.flush()
 
 
+NO_INPUT = (
+    "minivllm chat: no input: stdin ended before any message (pipe user turns, one per "
+    "line, or run it in a terminal); the model was not loaded"
+)
+
+
+class _Replayed:
+    """A piped stdin whose first lines were already read (to see that it has input)."""
+
+    def __init__(self, head: list[str], rest: TextIO) -> None:
+        self._head = head
+        self._rest = rest
+
+    def isatty(self) -> bool:
+        return False
+
+    def readline(self) -> str:
+        return self._head.pop(0) if self._head else self._rest.readline()
+
+
+def first_message(stdin: TextIO) -> TextIO | None:
+    """A piped stdin, replayed from its start, if it holds a message before EOF; None if
+    it holds none (so the model is not loaded for nothing).  A terminal is returned as is."""
+    if stdin.isatty():
+        return stdin
+    head: list[str] = []
+    while True:
+        line = stdin.readline()
+        if not line:
+            return None
+        head.append(line)
+        if line.strip():
+            return _Replayed(head, stdin)
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the flags, start the engine, chat until EOF or /exit."""
     from minivllm.sampling_params import RequestOutputKind
@@ -152,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params_from_args(args, output_kind=RequestOutputKind.DELTA)
     if params.n != 1:
         raise ValueError(f"argument --n: chat streams one reply per turn; got --n {params.n}")
+    stdin = first_message(sys.stdin)
+    if stdin is None:
+        print(NO_INPUT, file=sys.stderr)
+        return 0
 
     from minivllm.args.engine_args import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
@@ -163,5 +202,5 @@ def run(args: argparse.Namespace) -> int:
             "or use `minivllm generate` for plain completion"
         )
     session = ChatSession(engine, params, system=args.system, chat_template=args.chat_template)
-    run_session(session, sys.stdin, sys.stdout, sys.stderr)
+    run_session(session, stdin, sys.stdout, sys.stderr)
     return 0

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from minivllm import __version__
 from minivllm.args.parser import FlexibleArgumentParser
 from minivllm.args.parsing import reduce_error
+from minivllm.entrypoints.cli.grouped_help import add_grouped_help
 
 SUBCOMMANDS: list[tuple[str, str, str]] = [
     (
@@ -42,6 +43,8 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("bench", "minivllm.entrypoints.bench.cli", "Benchmark throughput, latency, serving, start-up"),
 ]
 """(name, module, one-line help) of every subcommand; modules are imported lazily."""
+GROUPED_HELP_COMMANDS = frozenset({"serve", "generate", "chat"})
+"""Commands with hundreds of engine flags: their --help comes in groups (grouped_help)."""
 
 
 def _chosen_command(argv: Sequence[str]) -> str | None:
@@ -65,7 +68,10 @@ def build_parser(argv: Sequence[str]) -> FlexibleArgumentParser:
     )
     chosen = _chosen_command(argv)
     for name, module_name, summary in SUBCOMMANDS:
-        sub = subparsers.add_parser(name, help=summary, description=summary)
+        paged = name in GROUPED_HELP_COMMANDS
+        sub = subparsers.add_parser(name, help=summary, description=summary, add_help=not paged)
+        if paged:
+            add_grouped_help(sub)
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(sub)

@@ -7,6 +7,7 @@ With no MODEL it serves the bundled default model.  Every engine flag of
 from __future__ import annotations
 
 import argparse
+import json
 
 from minivllm.entrypoints.model_tag import add_model_tag_argument
 
@@ -36,7 +37,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-log-len",
         type=int,
         default=None,
-        help="Most prompt characters and token ids shown per logged request (default: all).",
+        help="With --enable-log-requests: most prompt characters and token ids shown per "
+        "logged request (default: all).",
+    )
+    server.add_argument(
+        "--enable-log-requests",
+        action="store_true",
+        help="Log every request (prompt, parameters, prompt token ids) at INFO; off by "
+        "default, since prompts are the users' data.",
+    )
+    server.add_argument(
+        "--allowed-origins",
+        type=_string_list,
+        default=["*"],
+        help='CORS: origins allowed to call the API, a JSON list (default: ["*"]).',
+    )
+    server.add_argument(
+        "--allowed-methods",
+        type=_string_list,
+        default=["*"],
+        help='CORS: allowed methods, a JSON list (default: ["*"]).',
+    )
+    server.add_argument(
+        "--allowed-headers",
+        type=_string_list,
+        default=["*"],
+        help='CORS: allowed request headers, a JSON list (default: ["*"]).',
+    )
+    server.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="CORS: allow credentials (cookies, Authorization) in cross-origin requests.",
     )
     server.add_argument(
         "--max-request-body-bytes",
@@ -58,6 +89,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Log level of uvicorn (the HTTP server).",
     )
     EngineArgs.add_cli_args(parser)
+    _accept_several_served_names(parser)
+
+
+def _string_list(value: str) -> list[str]:
+    """A JSON list of strings (vLLM's form), or a comma-separated list."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(parsed, str):
+        parsed = [parsed]
+    if not isinstance(parsed, list) or not all(isinstance(v, str) for v in parsed):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r}")
+    return parsed
+
+
+def _accept_several_served_names(parser: argparse.ArgumentParser) -> None:
+    """``--served-model-name A B ...``, as in vLLM: the first name is the one responses
+    report; every name is accepted as a request's ``model`` and listed by /v1/models."""
+    for action in parser._actions:
+        if "--served-model-name" in action.option_strings:
+            action.nargs = "+"
+            action.metavar = "NAME"
 
 
 def run(args: argparse.Namespace) -> int:

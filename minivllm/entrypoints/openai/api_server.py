@@ -23,6 +23,9 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import dataclasses
+import signal
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
@@ -30,6 +33,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -55,6 +59,7 @@ from minivllm.entrypoints.openai.server_utils import (
     SSE_CONTENT,
     APIKeyMiddleware,
     BodySizeLimitMiddleware,
+    RequestIdMiddleware,
     documented_errors,
     error_response,
     openapi_schema,
@@ -68,24 +73,71 @@ from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
 
+
+@dataclasses.dataclass
+class CORSSettings:
+    """CORS answers (vLLM's --allowed-origins, --allowed-methods, --allowed-headers and
+    --allow-credentials; by default any origin may call, without credentials)."""
+
+    allowed_origins: list[str] = dataclasses.field(default_factory=lambda: ["*"])
+    allowed_methods: list[str] = dataclasses.field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = dataclasses.field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+
+
 SHUTDOWN_GRACE_S = 5.0
 """Extra seconds uvicorn waits after shutdown_timeout for aborted streams to close."""
 
 
+def _field_of(loc: tuple[Any, ...]) -> str:
+    """The dotted field path of an error's ``loc``, without the union members pydantic
+    puts in it (``str``, ``list[int]``, ``function-after[...]``)."""
+    parts = [str(p) for p in loc if p != "body"]
+    if parts and parts[0] in UNION_TAGS:
+        parts = parts[1:]  # which form of the body was meant, not a field
+    names: list[str] = []
+    for part in parts:
+        if part.isdigit() or (part.isidentifier() and not (names and part in _TYPE_NAMES)):
+            names.append(part)
+    return ".".join(names)
+
+
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "any"})
+
+
+def _plain(msg: str) -> str:
+    return msg.removeprefix("Input should be ").removeprefix("Value error, ")
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """A readable message and the offending field for a body that failed validation."""
-    parts, param = [], None
+    """A readable message and the offending field for a body that failed validation:
+    one clause per field, with the forms a union accepts joined by "or"."""
+    by_field: dict[str, list[str]] = {}
     for error in exc.errors():
-        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
-        if loc and loc[0] in UNION_TAGS:
-            loc = loc[1:]  # which form of the body was meant, not a field
         if error.get("type") == "json_invalid":
             detail = (error.get("ctx") or {}).get("error", "")
             return f"malformed JSON body: {detail or error.get('msg')}", None
-        field = ".".join(loc)
-        param = param or (field or None)
-        parts.append(f"{field or 'body'}: {error.get('msg')}")
+        field = _field_of(tuple(error.get("loc", ())))
+        if error.get("type") in ("model_type", "model_attributes_type", "dict_type") and not field:
+            return "the request body must be a JSON object", None
+        msg = str(error.get("msg", "invalid value"))
+        wanted = by_field.setdefault(field, [])
+        if msg not in wanted:
+            wanted.append(msg)
+    parts = []
+    for field, msgs in by_field.items():
+        if len(msgs) > 1 and all(m.startswith("Input should be ") for m in msgs):
+            text = "Input should be " + " or ".join(_plain(m) for m in msgs)
+        else:
+            text = "; ".join(msgs)
+        parts.append(f"{field or 'body'}: {text}")
+    param = next((f for f in by_field if f), None)
     return "; ".join(parts) or "invalid request body", param
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -126,18 +178,24 @@ def build_app(
     stat_logger: PrometheusStatLogger | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     trust_request_chat_template: bool = False,
+    enable_log_requests: bool = False,
+    cors: CORSSettings | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` (``stat_logger`` backs ``/metrics``)."""
     mc = engine.model_config
     names = served_model_names or [mc.served_model_name]
-    models = OpenAIServingModels(names, str(mc.model), mc.max_model_len)
+    models = OpenAIServingModels(names, mc.max_model_len)
     # The API thread gets its own tokenizer so it never shares one with the engine thread.
     try:
         tokenizer = copy.deepcopy(engine.get_tokenizer())
     except Exception:  # pragma: no cover - a tokenizer that cannot be copied is shared
         tokenizer = engine.get_tokenizer()
     pool = TokenizerPool(tokenizer)
-    common: dict[str, Any] = {"max_log_len": max_log_len, "pool": pool}
+    common: dict[str, Any] = {
+        "max_log_len": max_log_len,
+        "pool": pool,
+        "enable_log_requests": enable_log_requests,
+    }
     trust = {"trust_request_chat_template": trust_request_chat_template}
     completion = OpenAIServingCompletion(engine, models, tokenizer, **common)
     chat = OpenAIServingChat(engine, models, tokenizer, **common, **trust)
@@ -157,6 +215,18 @@ def build_app(
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_body_bytes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    # Outermost: a CORS preflight is answered before the key check, and every answer
+    # (a 401 or a 413 included) carries its X-Request-Id.
+    cors = cors or CORSSettings()
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=cors.allowed_origins,
+        allow_credentials=cors.allow_credentials,
+        allow_methods=cors.allowed_methods,
+        allow_headers=cors.allowed_headers,
+        expose_headers=["X-Request-Id"],
+    )
+    app.add_middleware(RequestIdMiddleware)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -171,6 +241,14 @@ def build_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        content_type = request.headers.get("content-type", "")
+        if content_type and not _is_json(content_type):
+            return error_response(
+                OpenAIServingError(
+                    f"the request body was sent as {content_type.split(';')[0]!r}; send it "
+                    "as JSON with the header 'Content-Type: application/json'"
+                )
+            )
         message, param = _validation_message(exc)
         return error_response(OpenAIServingError(message, param=param))
 
@@ -268,14 +346,20 @@ def build_app(
     return app
 
 
-def config_summary(engine: AsyncLLM, host: str, port: int, api_key: str | None) -> str:
+def config_summary(
+    engine: AsyncLLM,
+    host: str,
+    port: int,
+    api_key: str | None,
+    served_names: list[str] | None = None,
+) -> str:
     """The start-up banner: the resolved settings that matter for serving, and the URL."""
     cfg = engine.vllm_config
     mc, cc, sc = cfg.model_config, cfg.cache_config, cfg.scheduler_config
     num_blocks = getattr(engine.engine.scheduler.kv_cache_manager.block_pool, "num_blocks", None)
     rows = {
         "model": mc.model,
-        "served model name": mc.served_model_name,
+        "served model name": ", ".join(served_names or [mc.served_model_name]),
         "dtype": str(mc.dtype).replace("torch.", ""),
         "max_model_len": mc.max_model_len,
         "KV cache": f"{num_blocks} blocks x {cc.block_size} tokens",
@@ -297,25 +381,69 @@ def config_summary(engine: AsyncLLM, host: str, port: int, api_key: str | None) 
     return "\n".join(lines)
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, taken before the model loads so that a busy
+    port fails in a second with one clear line, not after the model has loaded."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server "
+            "running there?); stop it or choose another --port"
+        ) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _served_names(args: argparse.Namespace) -> list[str] | None:
+    names = getattr(args, "served_model_name", None)
+    if not names:
+        return None
+    return [names] if isinstance(names, str) else list(names)
+
+
 def run_server(args: argparse.Namespace) -> int:
-    """Load the engine, print the configuration summary and serve until SIGTERM/SIGINT."""
+    """Bind the port, load the engine, print the configuration summary and serve until
+    SIGTERM/SIGINT; 0 once a SIGTERM's drain is done."""
+    import time
+
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.entrypoints.model_tag import engine_args_from_cli
 
+    sock = bind_socket(args.host, args.port)
+    start = time.perf_counter()
     vllm_config = engine_args_from_cli(args).create_engine_config()
     mc = vllm_config.model_config
+    names = _served_names(args)
     registry = CollectorRegistry()
     stat_logger = PrometheusStatLogger(mc.served_model_name, mc.max_model_len, registry)
     engine = AsyncLLM(LLMEngine(vllm_config), stat_loggers=[stat_logger])
+    stat_logger.log_cache_config(vllm_config.cache_config)
+    cors = CORSSettings(
+        allowed_origins=args.allowed_origins,
+        allowed_methods=args.allowed_methods,
+        allowed_headers=args.allowed_headers,
+        allow_credentials=args.allow_credentials,
+    )
     app = build_app(
         engine,
+        served_model_names=names,
         api_key=args.api_key,
         max_log_len=args.max_log_len,
         stat_logger=stat_logger,
         max_request_body_bytes=args.max_request_body_bytes,
         trust_request_chat_template=args.trust_request_chat_template,
+        enable_log_requests=args.enable_log_requests,
+        cors=cors,
     )
-    print(config_summary(engine, args.host, args.port, args.api_key), flush=True)
+    print(config_summary(engine, args.host, args.port, args.api_key, names), flush=True)
+    logger.info("ready in %.1f s: serving on http://%s:%d", time.perf_counter() - start,
+                args.host, args.port)  # fmt: skip
 
     timeout = float(vllm_config.shutdown_timeout)
     config = uvicorn.Config(
@@ -327,7 +455,7 @@ def run_server(args: argparse.Namespace) -> int:
         timeout_keep_alive=5,
     )
     server = _Server(config, on_exit=lambda: engine.begin_shutdown(timeout))
-    server.run()
+    server.run(sockets=[sock])
     return 0
 
 
@@ -341,6 +469,12 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         self._on_exit()
         super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM:
+            # uvicorn re-raises the signals it caught once it has stopped, which would
+            # end the process with -15 (143) after a clean drain; SIGTERM is how a
+            # supervisor asks for a normal stop, so the drain ends with status 0.
+            with contextlib.suppress(ValueError):
+                self._captured_signals.remove(sig)
 
 
-__all__ = ["build_app", "config_summary", "run_server"]
+__all__ = ["CORSSettings", "bind_socket", "build_app", "config_summary", "run_server"]

@@ -7,8 +7,10 @@ thread after every step; prometheus_client's metrics are thread-safe.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from minivllm.engine.async_llm import IterationStats
 from minivllm.stats import SchedulerStats
@@ -22,6 +24,10 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
 """End-to-end request latency buckets (seconds), vLLM's."""
+ITERATION_TOKENS_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+"""Tokens per engine step (vLLM's buckets)."""
+N_BUCKETS = [1, 2, 5, 10, 20]
+"""``n`` per request (vLLM's buckets)."""
 FINISH_REASONS = ("stop", "length", "abort", "error")
 """finished_reason label values, pre-created so a dashboard sees zeros, not gaps."""
 
@@ -72,7 +78,40 @@ class PrometheusStatLogger:
             "End-to-end request latency, in seconds.",
             REQUEST_LATENCY_BUCKETS,
         )
+        phase_doc = "Histogram of time spent in the {} phase of a request, in seconds."
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds", phase_doc.format("WAITING"), REQUEST_LATENCY_BUCKETS
+        )
+        self.prefill_time = histogram(
+            "vllm:request_prefill_time_seconds",
+            phase_doc.format("PREFILL"),
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.decode_time = histogram(
+            "vllm:request_decode_time_seconds", phase_doc.format("DECODE"), REQUEST_LATENCY_BUCKETS
+        )
+        self.inference_time = histogram(
+            "vllm:request_inference_time_seconds",
+            phase_doc.format("RUNNING (prefill + decode)"),
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of the number of tokens per engine step.",
+            [float(b) for b in ITERATION_TOKENS_BUCKETS],
+        )
+        self.request_params_n = histogram(
+            "vllm:request_params_n", "Histogram of the n request parameter.", N_BUCKETS
+        )
         length_buckets = _length_buckets(max_model_len)
+        self.request_params_max_tokens = histogram(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            length_buckets,
+        )
+        self._cache_info = Info(
+            "vllm:cache_config", "Information of the LLMEngine's CacheConfig.", registry=registry
+        )
         self.request_prompt_tokens = histogram(
             "vllm:request_prompt_tokens", "Prompt tokens per request.", length_buckets
         )
@@ -109,6 +148,9 @@ class PrometheusStatLogger:
         self._last_preemptions = s.num_preemptions
 
         it = iteration_stats
+        num_step_tokens = it.num_prompt_tokens + it.num_generation_tokens
+        if num_step_tokens:
+            self.iteration_tokens.observe(num_step_tokens)
         self.prompt_tokens.inc(it.num_prompt_tokens)
         self.generation_tokens.inc(it.num_generation_tokens)
         for value in it.time_to_first_tokens:
@@ -125,6 +167,25 @@ class PrometheusStatLogger:
             self.e2e.observe(finished.e2e_latency)
             self.request_prompt_tokens.observe(finished.num_prompt_tokens)
             self.request_generation_tokens.observe(finished.num_generation_tokens)
+            self.queue_time.observe(finished.queue_time)
+            self.prefill_time.observe(finished.prefill_time)
+            self.decode_time.observe(finished.decode_time)
+            self.inference_time.observe(finished.inference_time)
+            self.request_params_n.observe(finished.n)
+            if finished.max_tokens is not None:
+                self.request_params_max_tokens.observe(finished.max_tokens)
+
+    def log_cache_config(self, cache_config: Any) -> None:
+        """``vllm:cache_config_info``: the cache settings as labels (vLLM's info metric)."""
+        fields = ("block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
+                  "num_gpu_blocks", "num_gpu_blocks_override", "prefix_caching_hash_algo",
+                  "cpu_kvcache_space_bytes", "kv_cache_memory_bytes", "swap_space")  # fmt: skip
+        labels = {}
+        for name in fields:
+            if hasattr(cache_config, name):
+                value = getattr(cache_config, name)
+                labels[name] = str(getattr(value, "value", value))
+        self._cache_info.info(labels)
 
     def render(self) -> bytes:
         """The registry in the Prometheus text format."""

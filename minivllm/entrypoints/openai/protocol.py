@@ -23,10 +23,14 @@ from pydantic import (
     model_validator,
 )
 
+from minivllm import __version__
 from minivllm.logger import init_logger
 from minivllm.sampling_params import MAX_SEED, MIN_SEED, RequestOutputKind, SamplingParams
 
 logger = init_logger(__name__)
+
+SYSTEM_FINGERPRINT = f"minivllm-{__version__}"
+"""``system_fingerprint`` of every response: which build answered (OpenAI's field)."""
 
 MAX_N = 128
 """The most completions one request may ask for (OpenAI's cap on ``n``)."""
@@ -237,6 +241,7 @@ class CompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[CompletionResponseChoice]
     usage: UsageInfo
+    system_fingerprint: str | None = SYSTEM_FINGERPRINT
 
 
 class CompletionResponseStreamChoice(OpenAIBaseModel):
@@ -252,7 +257,7 @@ class _StreamChunk(OpenAIBaseModel):
     exclude_unset (which keeps unset optional fields out of each chunk)."""
 
     def model_post_init(self, context: Any) -> None:
-        self.model_fields_set.add("object")
+        self.model_fields_set.update(("object", "system_fingerprint"))
 
 
 class CompletionStreamResponse(_StreamChunk):
@@ -262,6 +267,7 @@ class CompletionStreamResponse(_StreamChunk):
     model: str
     choices: list[CompletionResponseStreamChoice]
     usage: UsageInfo | None = None
+    system_fingerprint: str | None = SYSTEM_FINGERPRINT
 
 
 # -- chat --------------------------------------------------------------------------
@@ -349,6 +355,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    system_fingerprint: str | None = SYSTEM_FINGERPRINT
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -371,17 +378,37 @@ class ChatCompletionStreamResponse(_StreamChunk):
     model: str
     choices: list[ChatCompletionResponseStreamChoice]
     usage: UsageInfo | None = None
+    system_fingerprint: str | None = SYSTEM_FINGERPRINT
 
 
 # -- models, tokenization ------------------------------------------------------------
+class ModelPermission(OpenAIBaseModel):
+    """vLLM's (and OpenAI's former) permission entry of a model card: all open."""
+
+    id: str = Field(default_factory=lambda: random_id("modelperm"))
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
 class ModelCard(OpenAIBaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "minivllm"
     root: str | None = None
+    """The model's name (vLLM puts the model it loaded here; a name, never a file path)."""
     parent: str | None = None
     max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
 
 
 class ModelList(OpenAIBaseModel):

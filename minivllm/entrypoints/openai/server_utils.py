@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import uuid
 from http import HTTPStatus
 from typing import Any
 
@@ -67,6 +68,31 @@ class APIKeyMiddleware:
                 await error_response(err, headers)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class RequestIdMiddleware:
+    """Pure ASGI middleware: every response carries ``X-Request-Id``, the client's own
+    when it sent one (so its logs and ours line up), else a fresh id of the server's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"")
+        # Echo only a sane header value (printable ASCII, bounded); else make one.
+        if not (0 < len(given) <= 256 and given.isascii() and given.decode().isprintable()):
+            given = uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0] != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", given)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class BodyTooLargeError(StarletteHTTPException):

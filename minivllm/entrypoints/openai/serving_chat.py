@@ -176,8 +176,8 @@ class OpenAIServingChat(OpenAIServing):
                 model=model,
                 choices=[ChatCompletionResponseStreamChoice(index=index, delta=delta, **kwargs)],
             )
-            if continuous:
-                body.usage = usage_of(num_prompt_tokens, sum(num_tokens))
+            if include_usage:  # null until the closing usage chunk, unless continuous
+                body.usage = usage_of(num_prompt_tokens, sum(num_tokens)) if continuous else None
             return sse(body)
 
         try:

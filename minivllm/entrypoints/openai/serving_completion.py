@@ -189,8 +189,10 @@ class OpenAIServingCompletion(OpenAIServing):
                             )
                         ],
                     )
-                    if continuous:
-                        chunk.usage = usage_of(num_prompt_tokens, sum(num_tokens))
+                    if include_usage:  # null until the closing usage chunk, unless continuous
+                        chunk.usage = (
+                            usage_of(num_prompt_tokens, sum(num_tokens)) if continuous else None
+                        )
                     yield sse(chunk)
             if include_usage:
                 usage = usage_of(num_prompt_tokens, sum(num_tokens))

@@ -154,6 +154,7 @@ class OpenAIServing:
         tokenizer: Any,
         max_log_len: int | None = None,
         pool: TokenizerPool | None = None,
+        enable_log_requests: bool = False,
     ) -> None:
         self.engine = engine
         self.models = models
@@ -162,6 +163,7 @@ class OpenAIServing:
         self.tokenizer = tokenizer
         self.pool = pool or TokenizerPool(tokenizer)
         self.max_log_len = max_log_len
+        self.enable_log_requests = enable_log_requests
         self.max_model_len: int = engine.model_config.max_model_len
 
     def check_model(self, name: str | None) -> str:
@@ -198,6 +200,11 @@ class OpenAIServing:
     def log_request(
         self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams
     ) -> None:
+        """Log a request (its prompt and ids cut to --max-log-len) only when the server
+        runs with --enable-log-requests: prompts are the users' data, and a whole one per
+        request at INFO drowns the log."""
+        if not self.enable_log_requests:
+            return
         limit = self.max_log_len
         shown_prompt = prompt[:limit] if prompt is not None and limit is not None else prompt
         shown_ids = prompt_ids[:limit] if limit is not None else prompt_ids

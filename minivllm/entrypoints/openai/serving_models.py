@@ -8,11 +8,10 @@ from minivllm.entrypoints.openai.protocol import ModelCard, ModelList
 class OpenAIServingModels:
     """The names this server answers to; the first is the one responses carry."""
 
-    def __init__(self, served_names: list[str], model_path: str, max_model_len: int) -> None:
+    def __init__(self, served_names: list[str], max_model_len: int) -> None:
         if not served_names:
             raise ValueError("at least one served model name is needed")
-        self.served_names = list(served_names)
-        self.model_path = model_path
+        self.served_names = list(dict.fromkeys(served_names))
         self.max_model_len = max_model_len
 
     def is_served(self, name: str) -> bool:
@@ -27,7 +26,9 @@ class OpenAIServingModels:
     def show_available_models(self) -> ModelList:
         return ModelList(
             data=[
-                ModelCard(id=name, root=self.model_path, max_model_len=self.max_model_len)
+                # root names the model, never the file it was read from (a path on
+                # this machine is nobody else's business).
+                ModelCard(id=name, root=self.served_names[0], max_model_len=self.max_model_len)
                 for name in self.served_names
             ]
         )

@@ -63,8 +63,8 @@ def test_sigterm_drains_then_aborts() -> None:
         assert short["chunks"] >= 30 and short["end"] > sigterm_at  # it was running at SIGTERM
         assert long["reason"] == "abort" and long["done"], long
         assert SHUTDOWN_TIMEOUT_S - 0.5 <= long["end"] - sigterm_at <= SHUTDOWN_TIMEOUT_S + 10
-        # uvicorn re-raises the signal once shut down, so the exit is "killed by SIGTERM".
-        assert server.proc.wait(30) in (0, -signal.SIGTERM)
+        # A SIGTERM is a normal stop: once drained, the exit status is 0 (not -15).
+        assert server.proc.wait(30) == 0
         assert "aborting 1 running request(s)" in server.output()
     finally:
         server.stop()

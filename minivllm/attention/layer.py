@@ -20,6 +20,7 @@ from minivllm.attention.backends import get_attn_backend
 from minivllm.attention.forward_context import get_forward_context
 from minivllm.attention.ops import compute_kv_scale
 from minivllm.attention.paged_kv import is_fp8
+from minivllm.config.cache import CacheConfig
 from minivllm.config.vllm import get_current_vllm_config_or_none
 from minivllm.torch_ops import register_op
 
@@ -58,12 +59,14 @@ class Attention(nn.Module):
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
             )
         self.layer_name = prefix
+        # Unset arguments come from the config being built; a layer made outside one
+        # (unit tests) takes CacheConfig's defaults.
         cfg = get_current_vllm_config_or_none()
-        cache_cfg = getattr(cfg, "cache_config", None)
+        cache_cfg = cfg.cache_config if cfg is not None else CacheConfig()
         if kv_cache_dtype is None:
-            kv_cache_dtype = getattr(cache_cfg, "cache_dtype", "auto")
+            kv_cache_dtype = cache_cfg.cache_dtype
         if calculate_kv_scales is None:
-            calculate_kv_scales = bool(getattr(cache_cfg, "calculate_kv_scales", False))
+            calculate_kv_scales = cache_cfg.calculate_kv_scales
         self.kv_cache_dtype = kv_cache_dtype
         self.calculate_kv_scales = calculate_kv_scales
         self.kv_scales_computed = False

@@ -12,7 +12,7 @@ this is the compiled (or eager) forward inside the forward context.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from minivllm.worker.cudagraph import (
     log_capture,
     timer,
 )
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
 
 logger = init_logger(__name__)
 
@@ -69,7 +72,7 @@ class ForwardRunner:
     def __init__(
         self,
         model: nn.Module,
-        vllm_config: Any,
+        vllm_config: VllmConfig,
         attn_layers: dict[str, Any],
         device: torch.device,
         dispatcher: CudagraphDispatcher | None = None,

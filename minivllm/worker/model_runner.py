@@ -8,7 +8,7 @@ requests whose context is complete, and returns a `ModelRunnerOutput`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,13 +30,16 @@ from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.worker.forward_runner import ForwardRunner
 from minivllm.worker.input_batch import CachedRequestState, StepInputs, build_step_inputs
 
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
+
 logger = init_logger(__name__)
 
 
 class ModelRunner:
     """Owns the model, its KV cache tensors and the per-request state."""
 
-    def __init__(self, vllm_config: Any, device: torch.device) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config

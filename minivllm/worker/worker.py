@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-from typing import Any
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -24,6 +24,9 @@ import torch
 from minivllm.logger import init_logger
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.worker.model_runner import ModelRunner
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
 
 logger = init_logger(__name__)
 
@@ -83,7 +86,7 @@ def configure_cpu_malloc() -> bool:
 class Worker:
     """Runs the model on one device for the engine."""
 
-    def __init__(self, vllm_config: Any) -> None:
+    def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
         self.device = torch.device(vllm_config.device_config.device_type)
         if self.device.type == "cpu":

@@ -22,10 +22,10 @@ def get_attn_backend(name: str | None = None) -> Any:
     from minivllm.platforms import current_platform
 
     cfg = get_current_vllm_config_or_none()
+    if name is None and cfg is not None:
+        name = cfg.attention_config.backend
     if name is None:
-        name = getattr(getattr(cfg, "attention_config", None), "backend", None)
-    if name is None:
-        device_type = getattr(getattr(cfg, "device_config", None), "device_type", None)
+        device_type = cfg.device_config.device_type if cfg is not None else None
         name = current_platform.choose_attention_backend(device_type).name
     key = canonical_backend(name)
     if key not in current_platform.attention_backends:

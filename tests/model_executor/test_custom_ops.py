@@ -9,7 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minivllm.config.attention import AttentionConfig
+from minivllm.config.cache import CacheConfig
 from minivllm.config.compilation import CompilationConfig
+from minivllm.config.device import DeviceConfig
 from minivllm.config.vllm import set_current_vllm_config
 from minivllm.model_executor.custom_op import op_registry
 from minivllm.model_executor.layers.activation import SiluAndMul
@@ -18,9 +21,12 @@ from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 
 def stand_in_config(custom_ops: list[str]) -> types.SimpleNamespace:
-    """A VllmConfig stand-in: the layers only read compilation/cache config."""
+    """A VllmConfig stand-in with the sub-configs the layers read."""
     return types.SimpleNamespace(
-        compilation_config=CompilationConfig(custom_ops=custom_ops), cache_config=None
+        compilation_config=CompilationConfig(custom_ops=custom_ops),
+        cache_config=CacheConfig(),
+        attention_config=AttentionConfig(),
+        device_config=DeviceConfig(device="cpu"),
     )
 
 

@@ -60,6 +60,7 @@ from minivllm.entrypoints.openai.server_utils import (
     APIKeyMiddleware,
     BodySizeLimitMiddleware,
     RequestIdMiddleware,
+    ServerLimits,
     documented_errors,
     error_response,
     openapi_schema,
@@ -230,10 +231,15 @@ def build_app(
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = openapi_schema(app)
+            app.openapi_schema = openapi_schema(app, limits)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    limits = ServerLimits(
+        vocab_size=mc.get_vocab_size(),
+        max_model_len=mc.max_model_len,
+        max_logprobs=getattr(mc, "max_logprobs", 20),
+    )
 
     @app.exception_handler(OpenAIServingError)
     async def _serving_error(request: Request, exc: OpenAIServingError) -> JSONResponse:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hmac
 import json
 import uuid
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -170,8 +171,18 @@ def documented_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 GENERATION_ERRORS = documented_errors(400, 401, 404, 413, 500, 503)
-SSE_CONTENT = {"text/event-stream": {"schema": {"type": "string"}}}
-"""A ``stream: true`` request is answered with server-sent events."""
+SSE_CONTENT = {
+    "text/event-stream": {
+        "schema": {
+            "type": "object",
+            "description": "One server-sent event: its data is a JSON chunk (or an error "
+            "body), and the last event's data is [DONE].",
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+            "required": ["data"],
+        }
+    }
+}
+"""A ``stream: true`` request is answered with server-sent events (schema: one event)."""
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -191,9 +202,93 @@ def _exact_bounds(documented: Any, exact: Any) -> None:
             _exact_bounds(doc_item, exact_item)
 
 
-def openapi_schema(app: FastAPI) -> dict[str, Any]:
+_TOKEN_ID_FIELDS = {"prompt", "stop_token_ids", "allowed_token_ids", "tokens"}
+"""Request fields that hold token ids (alone or in nested arrays)."""
+_TOKEN_COUNT_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")
+_LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")
+
+
+def _integer_schemas(node: Any) -> list[dict[str, Any]]:
+    """Every ``{"type": "integer"}`` schema under ``node`` (through anyOf and items)."""
+    if isinstance(node, list):
+        return [found for item in node for found in _integer_schemas(item)]
+    if not isinstance(node, dict):
+        return []
+    if node.get("type") == "integer":
+        return [node]
+    found = []
+    for key in ("anyOf", "oneOf", "items"):
+        if key in node:
+            found += _integer_schemas(node[key])
+    return found
+
+
+def _string_schemas(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, list):
+        return [found for item in node for found in _string_schemas(item)]
+    if not isinstance(node, dict):
+        return []
+    if node.get("type") == "string":
+        return [node]
+    found = []
+    for key in ("anyOf", "oneOf", "items"):
+        if key in node:
+            found += _string_schemas(node[key])
+    return found
+
+
+def _array_schemas(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, list):
+        return [found for item in node for found in _array_schemas(item)]
+    if not isinstance(node, dict):
+        return []
+    found = [node] if node.get("type") == "array" else []
+    for key in ("anyOf", "oneOf", "items"):
+        if key in node:
+            found += _array_schemas(node[key])
+    return found
+
+
+def _server_bounds(schemas: dict[str, Any], limits: ServerLimits) -> None:
+    """The ranges this server enforces at run time, written into the request schemas:
+    token ids within the vocabulary, token counts within max_model_len, logprobs up to
+    max_logprobs.  Clients (and fuzzers) then see which values can succeed."""
+    for name in ("CompletionRequest", "ChatCompletionRequest", "DetokenizeRequest",
+                 "TokenizeCompletionRequest", "TokenizeChatRequest"):  # fmt: skip
+        properties = schemas.get(name, {}).get("properties", {})
+        for field, prop in properties.items():
+            if field in _TOKEN_ID_FIELDS:
+                for node in _integer_schemas(prop):
+                    node.update(minimum=0, maximum=limits.vocab_size - 1)
+                if field != "tokens":  # /detokenize of no tokens is the empty text
+                    for node in _array_schemas(prop):
+                        node["minItems"] = 1
+                if field == "prompt" and name != "TokenizeCompletionRequest":
+                    for node in _string_schemas(prop):  # an empty prompt has no token
+                        node["minLength"] = 1
+            elif field == "messages":  # a chat template renders no empty conversation
+                for node in _array_schemas(prop):
+                    node["minItems"] = 1
+            elif field in _TOKEN_COUNT_FIELDS:
+                for node in _integer_schemas(prop):
+                    node["maximum"] = limits.max_model_len - 1
+            elif field in _LOGPROB_FIELDS:
+                for node in _integer_schemas(prop):
+                    node["maximum"] = limits.max_logprobs
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the engine allows, for the OpenAPI document's value ranges."""
+
+    vocab_size: int
+    max_model_len: int
+    max_logprobs: int = 20
+
+
+def openapi_schema(app: FastAPI, limits: ServerLimits | None = None) -> dict[str, Any]:
     """FastAPI's document, less the 422 it lists for every body (this server answers
-    400 instead), with exact integer bounds."""
+    400 instead), with exact integer bounds and (given ``limits``) the engine's ranges."""
     schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
     for path_item in schema.get("paths", {}).values():
         for operation in path_item.values():
@@ -204,4 +299,6 @@ def openapi_schema(app: FastAPI) -> dict[str, Any]:
     for model in (CompletionRequest, ChatCompletionRequest):
         if model.__name__ in schemas:
             _exact_bounds(schemas[model.__name__], model.model_json_schema())
+    if limits is not None:
+        _server_bounds(schemas, limits)
     return schema

@@ -111,7 +111,6 @@ class ModelForward:
                 "torch %s has no AOT compile API: the Dynamo trace is not saved", torch.__version__
             )
             self._stop_aot()
-        self._marked = False
 
     def _stop_aot(self) -> None:
         """Trace as usual from now on, with the plain backend and nothing saved."""

@@ -1,162 +1,35 @@
 """Engine arguments: flags/JSON/YAML -> configs, precedence, and user-set tracking.
 
-The first half drives the generic machinery with small stand-in config classes
-(so it does not depend on any particular field of the real configs); the second
-half checks the real `EngineArgs` -> `VllmConfig` mapping.
+Everything runs on the real `EngineArgs` and `VllmConfig`: the field table comes
+from the config classes, so these tests follow them as they grow.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import enum
+import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import Field
 
-from minivllm.args.fields import ConfigTarget, EngineArgsBase, engine_args_class
+from minivllm.args.engine_args import EngineArgs
 from minivllm.args.parser import FlexibleArgumentParser
 from minivllm.args.parsing import deep_merge
-from minivllm.config.utils import config
+from minivllm.config.cache import CacheConfig
+from minivllm.config.compilation.config import CompilationConfig
+from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode
+from minivllm.config.optimization import OptimizationLevel
+from minivllm.config.scheduler import SchedulerConfig
+from minivllm.config.utils import field_docs
 
 
-# ----------------------------------------------------------------------------
-# Stand-in configs
-# ----------------------------------------------------------------------------
-class StubLevel(enum.IntEnum):
-    """Stand-in optimization level."""
-
-    O0 = 0
-    O1 = 1
-    O2 = 2
-    O3 = 3
-
-
-class StubGraphMode(enum.Enum):
-    """Stand-in CUDA graph mode."""
-
-    NONE = 0
-    PIECEWISE = 1
-    FULL = 2
-
-
-@config
-class StubModel:
-    """Stand-in model config."""
-
-    model: str | None = None
-    """Model name or path."""
-    max_model_len: int | None = None
-    """Context length."""
-    enforce_eager: bool = False
-    """Never compile or capture graphs."""
-
-    def __post_init__(self) -> None:
-        if self.max_model_len is None:  # resolved from the model, as the real config does
-            self.max_model_len = 4096
-
-
-@config
-class StubCache:
-    """Stand-in cache config."""
-
-    block_size: Literal[8, 16, 32] | None = None
-    """Tokens per block (100% of them)."""
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    """Fraction of memory for the model and KV cache."""
-    cache_dtype: Literal["auto", "fp8"] = "auto"
-    """KV cache data type."""
-    enable_prefix_caching: bool | None = None
-    """Reuse cached prefixes."""
-
-
-@config
-class StubScheduler:
-    """Stand-in scheduler config."""
-
-    max_num_seqs: int = 128
-    """Most sequences per step."""
-    max_model_len: int = 2048
-    """Copied from the model config."""
-    policy: Literal["fcfs", "priority"] = "fcfs"
-    """Scheduling policy."""
-    stop_ids: list[int] = Field(default_factory=list)
-    """A list-valued knob."""
-
-
-@config
-class StubPass:
-    """Stand-in pass config."""
-
-    fuse_norm_quant: bool | None = None
-    """Fuse norm and quant."""
-
-
-@config
-class StubCompilation:
-    """Stand-in compilation config."""
-
-    mode: int | None = None
-    """Compilation mode."""
-    cudagraph_mode: StubGraphMode | None = None
-    """Graph mode."""
-    cudagraph_capture_sizes: list[int] | None = None
-    """Capture sizes."""
-    backend: str = ""
-    """Backend name."""
-    pass_config: StubPass = Field(default_factory=StubPass)
-    """Passes."""
-
-
-@config
-class StubRoot:
-    """Stand-in root config."""
-
-    model_config: StubModel = None  # type: ignore[assignment]
-    """Model."""
-    cache_config: StubCache = Field(default_factory=StubCache)
-    """Cache."""
-    scheduler_config: StubScheduler = Field(default_factory=StubScheduler)
-    """Scheduler."""
-    compilation_config: StubCompilation = Field(default_factory=StubCompilation)
-    """Compilation."""
-    optimization_level: StubLevel = StubLevel.O2
-    """Level."""
-    performance_mode: Literal["balanced", "interactivity", "throughput"] = "balanced"
-    """Mode."""
-
-
-STUB_TARGETS = [
-    ConfigTarget("model_config", StubModel),
-    ConfigTarget("cache_config", StubCache, renames={"cache_dtype": "kv_cache_dtype"}),
-    ConfigTarget("scheduler_config", StubScheduler, renames={"policy": "scheduling_policy"}),
-    ConfigTarget(
-        "",
-        StubRoot,
-        only=frozenset({"compilation_config", "optimization_level", "performance_mode"}),
-    ),
-]
-
-
-@engine_args_class(
-    StubRoot, STUB_TARGETS, aliases={"optimization_level": ["-O"], "compilation_config": ["-cc"]}
-)
-class StubArgs(EngineArgsBase):
-    """Engine arguments over the stand-ins."""
-
-    def _build_root(self, kwargs: dict[str, Any], user_paths: set[str]) -> Any:
-        root = super()._build_root(kwargs, user_paths)
-        root.user_paths = user_paths  # what the real VllmConfig would hand to its Provenance
-        return root
-
-
-def parse(argv: list[str]) -> StubArgs:
-    parser = StubArgs.add_cli_args(FlexibleArgumentParser(prog="t"))
-    return StubArgs.from_cli_args(parser.parse_args(argv))
+def parse(argv: list[str]) -> EngineArgs:
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="t"))
+    return EngineArgs.from_cli_args(parser.parse_args(argv))
 
 
 def parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -168,34 +41,52 @@ def parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return err
 
 
+def user_sources(cfg: Any) -> set[str]:
+    """The config paths `explain()` attributes to the user."""
+    return {path for path, row in cfg.explain().items() if row["source"] == "user"}
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())  # undo argparse's (and docstrings') line wrapping
+
+
 # ----------------------------------------------------------------------------
-# Generic machinery on stand-ins
+# The field table, flags and values
 # ----------------------------------------------------------------------------
 def test_fields_derived_from_configs_with_renames_and_defaults() -> None:
-    args = StubArgs()
-    assert args.gpu_memory_utilization == 0.9
+    args = EngineArgs()
+    assert args.gpu_memory_utilization == CacheConfig().gpu_memory_utilization
     assert args.kv_cache_dtype == "auto" and not hasattr(args, "cache_dtype")
-    assert args.scheduling_policy == "fcfs"
-    assert args.stop_ids == [] and args.stop_ids is not StubArgs().stop_ids
-    assert args.optimization_level is StubLevel.O2
-    # a shared field is one argument, owned by the first config
-    assert [s.arg_name for s in StubArgs._specs].count("max_model_len") == 1
+    assert args.scheduling_policy == "fcfs" and not hasattr(args, "policy")
+    # a default_factory list is fresh per instance
+    assert args.ignore_patterns == ["original/**/*"]
+    assert args.ignore_patterns is not EngineArgs().ignore_patterns
+    assert args.optimization_level is OptimizationLevel.O2
+    # a shared field is one argument, owned by the first config (the model's)
+    names = [s.arg_name for s in EngineArgs._specs]
+    assert names.count("max_model_len") == 1
+    assert next(s for s in EngineArgs._specs if s.arg_name == "max_model_len").path == (
+        "model_config.max_model_len"
+    )
+    # one class, no generic base: its methods are its own
+    assert EngineArgs.__mro__ == (EngineArgs, object)
 
 
 def test_help_comes_from_field_docstrings() -> None:
-    help_text = StubArgs.add_cli_args(FlexibleArgumentParser(prog="t")).format_help()
-    text = " ".join(help_text.split())  # undo argparse's line wrapping
-    assert "Fraction of memory for the model and KV cache. (default: 0.9)" in text
-    assert "--enable-prefix-caching, --no-enable-prefix-caching" in text
-    assert "--optimization-level {0,1,2,3}, -O {0,1,2,3} Level. (default: O2)" in text
-    assert "100% of them" in text  # '%' survives argparse formatting
+    help_text = one_line(EngineArgs.add_cli_args(FlexibleArgumentParser(prog="t")).format_help())
+    doc = one_line(field_docs(CacheConfig)["gpu_memory_utilization"])
+    assert f"{doc} (default: 0.9)" in help_text
+    assert one_line(field_docs(SchedulerConfig)["long_prefill_token_threshold"])[:60] in help_text
+    assert "4% of max_model_len" in help_text  # '%' survives argparse formatting
+    assert "--enable-prefix-caching, --no-enable-prefix-caching" in help_text
+    assert "--optimization-level {0,1,2,3}, -O {0,1,2,3}" in help_text
 
 
 def test_scalar_flags_map_to_config_fields() -> None:
     args = parse(
         "--block-size 32 --gpu-memory-utilization 0.5 --kv-cache-dtype fp8 --max-num-seqs 4 "
         "--enforce-eager --no-enable-prefix-caching --scheduling-policy priority "
-        "--max_model_len 1024 --stop-ids 1 2 --performance-mode throughput".split()
+        "--max_model_len 1024 --ignore-patterns a b --performance-mode throughput".split()
     )
     cfg = args.create_engine_config()
     assert cfg.cache_config.block_size == 32
@@ -204,7 +95,7 @@ def test_scalar_flags_map_to_config_fields() -> None:
     assert cfg.cache_config.enable_prefix_caching is False
     assert cfg.model_config.enforce_eager is True
     assert cfg.scheduler_config.max_num_seqs == 4 and cfg.scheduler_config.policy == "priority"
-    assert cfg.scheduler_config.stop_ids == [1, 2]
+    assert cfg.load_config.ignore_patterns == ["a", "b"]
     # the scheduler receives the model config's value of the shared field
     assert cfg.model_config.max_model_len == cfg.scheduler_config.max_model_len == 1024
     assert cfg.performance_mode == "throughput"
@@ -214,7 +105,7 @@ def test_scalar_flags_map_to_config_fields() -> None:
     "argv", [["-O0"], ["-O", "0"], ["--optimization-level", "0"], ["-O=O0"], ["-Oo0"]]
 )
 def test_optimization_level_spellings(argv: list[str]) -> None:
-    assert parse(argv).optimization_level is StubLevel.O0
+    assert parse(argv).optimization_level is OptimizationLevel.O0
 
 
 def test_compilation_config_forms_merge_in_order() -> None:
@@ -231,18 +122,18 @@ def test_compilation_config_forms_merge_in_order() -> None:
         ]
     )
     # The pieces merge in order into one config object (vLLM's parsed value).
-    assert args.compilation_config == StubCompilation(
-        mode=3,
-        backend="inductor",
-        cudagraph_capture_sizes=[1, 2, 4],
-        pass_config=StubPass(fuse_norm_quant=True),
-        cudagraph_mode=StubGraphMode.PIECEWISE,
-    )
+    cc = args.compilation_config
+    assert isinstance(cc, CompilationConfig)
+    assert cc.mode is CompilationMode.VLLM_COMPILE and cc.backend == "inductor"
+    assert cc.cudagraph_capture_sizes == [1, 2, 4]
+    assert cc.pass_config.fuse_norm_quant is True
+    assert cc.cudagraph_mode is CUDAGraphMode.PIECEWISE
 
 
 def test_later_json_merges_over_earlier_dotted() -> None:
-    args = parse(["-cc.mode=3", "-cc.backend=eager", "--compilation-config", '{"mode": 0}'])
-    assert args.compilation_config == StubCompilation(mode=0, backend="eager")
+    cc = parse(["-cc.mode=3", "-cc.backend=eager", "--compilation-config", '{"mode": 0}'])
+    assert cc.compilation_config.mode is CompilationMode.NONE
+    assert cc.compilation_config.backend == "eager"
 
 
 def test_user_set_paths() -> None:
@@ -250,7 +141,7 @@ def test_user_set_paths() -> None:
         ["--block-size", "16", "-O1", "-cc.mode=3", "-cc.pass_config.fuse_norm_quant=true"]
         + ["--max-model-len", "512", "--kv-cache-dtype", "auto"]
     )
-    assert args.user_set_paths() == {
+    expected = {
         "cache_config.block_size",
         "cache_config.cache_dtype",  # given explicitly, even though it equals the default
         "optimization_level",
@@ -259,21 +150,27 @@ def test_user_set_paths() -> None:
         "model_config.max_model_len",
         "scheduler_config.max_model_len",
     }
-    assert args.create_engine_config().user_paths == args.user_set_paths()
+    assert args.user_set_paths() == expected
+    assert expected <= user_sources(args.create_engine_config())
     assert parse([]).user_set_paths() == set()
 
 
 def test_user_set_paths_from_python_construction() -> None:
-    args = StubArgs(max_num_seqs=8, compilation_config=StubCompilation(backend="eager"))
+    args = EngineArgs(max_num_seqs=8, compilation_config=CompilationConfig(backend="eager"))
     assert args.user_set_paths() == {
         "scheduler_config.max_num_seqs",
         "compilation_config.backend",
     }
-    assert args.create_engine_config().compilation_config.backend == "eager"
+    cfg = args.create_engine_config()
+    assert cfg.compilation_config.backend == "eager"
+    assert {"scheduler_config.max_num_seqs", "compilation_config.backend"} <= user_sources(cfg)
     # None means "not given" for a nested config, as it does on the command line
-    none = StubArgs(compilation_config=None)  # type: ignore[arg-type]
+    none = EngineArgs(compilation_config=None)  # type: ignore[arg-type]
     assert none.user_set_paths() == set()
-    assert none.create_engine_config().compilation_config == StubCompilation()
+    assert none.compilation_config == CompilationConfig()
+    assert not any(
+        p.startswith("compilation_config.") for p in user_sources(none.create_engine_config())
+    )
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -286,15 +183,16 @@ def test_config_file_keys_and_precedence(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         "block-size: 8\nmax_num_seqs: 3\nenforce_eager: true\nenable_prefix_caching: false\n"
-        "stop_ids: [5, 6]\ncompilation_config:\n  mode: 1\n  backend: eager\n"
+        "ignore_patterns: [x, y]\ncompilation_config:\n  mode: 1\n  backend: eager\n"
         "optimization_level: 1\n",
     )
     args = parse(["--max-num-seqs", "9", "--config", path, "-cc.mode=3"])
     assert args.block_size == 8 and args.enforce_eager is True
-    assert args.enable_prefix_caching is False and args.stop_ids == [5, 6]
+    assert args.enable_prefix_caching is False and args.ignore_patterns == ["x", "y"]
     assert args.max_num_seqs == 9  # the explicit flag wins even when given before --config
-    assert args.compilation_config == StubCompilation(mode=3, backend="eager")
-    assert args.optimization_level is StubLevel.O1
+    assert args.compilation_config.mode is CompilationMode.VLLM_COMPILE
+    assert args.compilation_config.backend == "eager"
+    assert args.optimization_level is OptimizationLevel.O1
     assert "cache_config.block_size" in args.user_set_paths()
 
 
@@ -302,8 +200,7 @@ def test_config_file_keys_and_precedence(tmp_path: Path) -> None:
     ("argv", "needle"),
     [
         (["--kv-cache-dtype", "fp4"], "--kv-cache-dtype: invalid choice: 'fp4' (choose from"),
-        (["--block-size", "12"], "--block-size: invalid choice: 12"),
-        (["--max-num-seqs", "many"], "--max-num-seqs: invalid int value"),
+        (["--max-num-seqs", "many"], "--max-num-seqs: invalid"),
         (["-O7"], "invalid choice '7' (choose from 0 (O0)"),
         (["-cc", "{mode: 3"], "--compilation-config/-cc: invalid JSON"),
         (["-cc", "[1]"], "expected a JSON object"),
@@ -333,19 +230,25 @@ def test_bad_config_file_entries(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_validation_error_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(ValueError, match=r"^--gpu-memory-utilization: Input should be less"):
+    # pydantic's own error (located) and a validator's message (the field it names)
+    with pytest.raises(ValueError, match=r"^--max-num-seqs: Input should be a valid integer"):
+        EngineArgs(max_num_seqs="many").create_engine_config()  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^--gpu-memory-utilization: gpu_memory_utilization"):
         parse(["--gpu-memory-utilization", "1.5"]).create_engine_config()
+    with pytest.raises(ValueError, match=r"^--block-size: block_size must be one of"):
+        parse(["--block-size", "12"]).create_engine_config()
     # A config-valued flag is built while parsing (as in vLLM): a one-line parse error.
     err = parse_error(["-cc.pass_config.fuse_norm_quant=sometimes"], capsys)
     assert "error: -cc.pass_config.fuse_norm_quant: Input should be a valid boolean" in err
     with pytest.raises(ValueError, match=r"^-cc\.pass_config\.fuse_norm_quant: Input should be"):
-        StubArgs(compilation_config={"pass_config": {"fuse_norm_quant": "sometimes"}})
+        EngineArgs(compilation_config={"pass_config": {"fuse_norm_quant": "sometimes"}})
 
 
 def test_plain_argparse_parser_still_works() -> None:
-    parser = StubArgs.add_cli_args(argparse.ArgumentParser())
-    args = StubArgs.from_cli_args(parser.parse_args(["--block-size", "8", "-cc", '{"mode": 3}']))
-    assert args.block_size == 8 and args.compilation_config == StubCompilation(mode=3)
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = EngineArgs.from_cli_args(parser.parse_args(["--block-size", "8", "-cc", '{"mode": 3}']))
+    assert args.block_size == 8
+    assert args.compilation_config.mode is CompilationMode.VLLM_COMPILE
     assert args.user_set_paths() == {"cache_config.block_size", "compilation_config.mode"}
 
 
@@ -399,7 +302,6 @@ def real_args(argv: list[str]) -> Any:
 
 
 def test_engine_args_has_every_knob_of_the_issue() -> None:
-    import dataclasses
 
     from minivllm.args.engine_args import EngineArgs
     from minivllm.config.vllm import VllmConfig

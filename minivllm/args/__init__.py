@@ -1,7 +1,7 @@
 """Engine arguments: Python keywords, command-line flags, JSON and YAML -> `VllmConfig`.
 
 - `engine_args`: `EngineArgs`, one field per user-settable config field.
-- `fields`: how config classes become engine-argument fields and back.
+- `fields`: the field table (which config fields are engine arguments, their flags).
 - `parsing`: value parsers, flag spellings, ``-cc.key=value`` pieces, error messages.
 - `parser`: `FlexibleArgumentParser` (vLLM's parser: ``--config file.yaml``, dotted keys).
 - `sizes`: human-readable integers (``8k``, ``1M``, ``auto``).

@@ -356,12 +356,9 @@ class AsyncLLM:
     def _mark_scheduled(self) -> None:
         """Note the step in which each waiting request first got tokens computed (its
         queue time ends there); a request with n > 1 runs as children ``0_<id>``, ...."""
-        requests = getattr(getattr(self.engine, "scheduler", None), "requests", {})
         for rid, stream in self._streams.items():
-            if stream.scheduled is None:
-                request = requests.get(rid) or requests.get(f"0_{rid}")
-                if request is not None and getattr(request, "num_computed_tokens", 0) > 0:
-                    stream.scheduled = self._step_start
+            if stream.scheduled is None and self.engine.has_started(rid):
+                stream.scheduled = self._step_start
 
     def _deliver(self, outputs: list[RequestOutput], stats: IterationStats) -> None:
         now = time.monotonic()

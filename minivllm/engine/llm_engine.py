@@ -211,6 +211,13 @@ class LLMEngine:
                     core_outputs.append(sibling)
                 sibling.finish_reason, sibling.error = "error", failed.error
 
+    def has_started(self, request_id: str) -> bool:
+        """Whether a step has computed any token of ``request_id`` yet (its queue time
+        is over); a request with n > 1 counts once its first child ``0_<id>`` has."""
+        requests = self.scheduler.requests
+        request = requests.get(request_id) or requests.get(f"0_{request_id}")
+        return request is not None and request.num_computed_tokens > 0
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minivllm.entrypoints.bench.common import add_common_args, print_table, write_json
 from minivllm.entrypoints.bench.datasets import SampleRequest, add_dataset_args, get_samples
+
+if TYPE_CHECKING:
+    from minivllm.engine.llm_engine import LLMEngine
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +27,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     EngineArgs.add_cli_args(parser)
 
 
-def build_engine(args: argparse.Namespace) -> Any:
+def build_engine(args: argparse.Namespace) -> LLMEngine:
     """An `LLMEngine` from the engine flags in ``args``."""
     from minivllm.args.engine_args import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
@@ -33,7 +36,7 @@ def build_engine(args: argparse.Namespace) -> Any:
 
 
 def run_to_completion(
-    engine: Any,
+    engine: LLMEngine,
     prompt_token_ids: list[list[int]],
     output_lens: list[int],
     *,

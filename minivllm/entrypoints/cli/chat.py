@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from minivllm.entrypoints.cli.sampling_args import add_sampling_args, sampling_params_from_args
+
+if TYPE_CHECKING:
+    from minivllm.engine.llm_engine import LLMEngine
+    from minivllm.sampling_params import SamplingParams
 
 DEFAULT_MAX_TOKENS = 256
 """--max-tokens of a reply when not given."""
@@ -49,8 +53,8 @@ class ChatSession:
 
     def __init__(
         self,
-        engine: Any,
-        params: Any,
+        engine: LLMEngine,
+        params: SamplingParams,
         system: str | None = None,
         chat_template: str | None = None,
     ) -> None:

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from minivllm.entrypoints.cli.sampling_args import add_sampling_args, sampling_params_from_args
+
+if TYPE_CHECKING:
+    from minivllm.engine.llm_engine import LLMEngine
+    from minivllm.sampling_params import SamplingParams
 
 DEFAULT_MAX_TOKENS = 64
 """--max-tokens when not given: long enough to read, short enough to be quick."""
@@ -123,7 +127,11 @@ def make_headers(prompts: list[str], request_ids: list[str], n: int) -> dict[Key
 
 
 def generate(
-    engine: Any, prompts: list[str], params: Any, writer_out: TextIO, stream: bool
+    engine: LLMEngine,
+    prompts: list[str],
+    params: SamplingParams,
+    writer_out: TextIO,
+    stream: bool,
 ) -> None:
     """Run ``prompts`` on ``engine`` (params must ask for DELTA outputs) and write them."""
     request_ids: list[str] = []

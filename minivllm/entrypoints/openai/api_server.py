@@ -206,7 +206,7 @@ def build_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         pool.shutdown()
-        timeout = float(getattr(engine.vllm_config, "shutdown_timeout", 0) or 0)
+        timeout = float(engine.vllm_config.shutdown_timeout)
         await asyncio.to_thread(engine.shutdown, timeout)
 
     app = FastAPI(title="minivllm OpenAI-compatible API", version=__version__, lifespan=lifespan)
@@ -238,7 +238,7 @@ def build_app(
     limits = ServerLimits(
         vocab_size=mc.get_vocab_size(),
         max_model_len=mc.max_model_len,
-        max_logprobs=getattr(mc, "max_logprobs", 20),
+        max_logprobs=mc.max_logprobs,
     )
 
     @app.exception_handler(OpenAIServingError)
@@ -362,7 +362,7 @@ def config_summary(
     """The start-up banner: the resolved settings that matter for serving, and the URL."""
     cfg = engine.vllm_config
     mc, cc, sc = cfg.model_config, cfg.cache_config, cfg.scheduler_config
-    num_blocks = getattr(engine.engine.scheduler.kv_cache_manager.block_pool, "num_blocks", None)
+    num_blocks = engine.engine.scheduler.kv_cache_manager.block_pool.num_blocks
     rows = {
         "model": mc.model,
         "served model name": ", ".join(served_names or [mc.served_model_name]),
@@ -373,9 +373,9 @@ def config_summary(
         "max_num_seqs": sc.max_num_seqs,
         "max_num_batched_tokens": sc.max_num_batched_tokens,
         "chunked prefill": sc.enable_chunked_prefill,
-        "optimization level": getattr(cfg.optimization_level, "name", cfg.optimization_level),
-        "compilation mode": getattr(cfg.compilation_config.mode, "name", None),
-        "device": getattr(cfg.device_config, "device_type", None),
+        "optimization level": cfg.optimization_level.name,
+        "compilation mode": cfg.compilation_config.mode.name,
+        "device": cfg.device_config.device_type,
         "shutdown_timeout": f"{cfg.shutdown_timeout} s",
         "API key": "required" if api_key else "not required",
     }

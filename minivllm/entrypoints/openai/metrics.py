@@ -7,11 +7,10 @@ thread after every step; prometheus_client's metrics are thread-safe.
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
+from minivllm.config.cache import CacheConfig
 from minivllm.engine.async_llm import IterationStats
 from minivllm.stats import SchedulerStats
 
@@ -175,7 +174,7 @@ class PrometheusStatLogger:
             if finished.max_tokens is not None:
                 self.request_params_max_tokens.observe(finished.max_tokens)
 
-    def log_cache_config(self, cache_config: Any) -> None:
+    def log_cache_config(self, cache_config: CacheConfig) -> None:
         """``vllm:cache_config_info``: the cache settings as labels (vLLM's info metric)."""
         fields = ("block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
                   "num_gpu_blocks", "num_gpu_blocks_override", "prefix_caching_hash_algo",

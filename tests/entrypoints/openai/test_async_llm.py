@@ -48,6 +48,9 @@ class FakeEngine:
         self.generated[request_id] = 0
         return request_id
 
+    def has_started(self, request_id: str) -> bool:
+        return self.generated.get(request_id, 0) > 0
+
     def _output(self, rid: str, new: int, reason: str | None) -> RequestOutput:
         done = reason is not None
         completion = CompletionOutput(0, "x" * new, [7] * new, None, None, reason)

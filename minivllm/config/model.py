@@ -429,9 +429,8 @@ class ModelConfig:
     def get_layers_start_end_indices(self, parallel_config: ParallelConfig) -> tuple[int, int]:
         pp = parallel_config.pipeline_parallel_size
         per_stage = self.num_layers // pp
-        # ParallelConfig refuses pipeline_parallel_size > 1, so this process is always
-        # stage 0 (ParallelConfig has no pipeline rank field to read).
-        pp_rank = 0
+        # ranks are laid out pp_rank * tp_size + tp_rank (see distributed/parallel_state.py)
+        pp_rank = parallel_config.rank // parallel_config.tensor_parallel_size
         return pp_rank * per_stage, (pp_rank + 1) * per_stage
 
     def get_sliding_window_size(self) -> int | None:
@@ -459,6 +458,11 @@ class ModelConfig:
             raise ValueError(
                 f"the model's {self.num_kv_heads} KV heads cannot be split over "
                 f"tensor_parallel_size={tp}; use a divisor of {self.num_kv_heads}"
+            )
+        if self.num_kv_heads < tp and tp % self.num_kv_heads:
+            raise ValueError(
+                f"the model's {self.num_kv_heads} KV heads cannot be replicated evenly over "
+                f"tensor_parallel_size={tp}; use a multiple of {self.num_kv_heads}"
             )
         pp = parallel_config.pipeline_parallel_size
         if self.num_layers % pp:

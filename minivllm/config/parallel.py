@@ -1,8 +1,9 @@
 """`ParallelConfig`: how the model is split over processes.
 
-minivllm supports tensor parallelism over ``torch.distributed`` with the
-multiprocessing executor ("mp"); pipeline, data, context and expert
-parallelism keep their vLLM fields but any size above 1 is refused.
+minivllm runs tensor and pipeline parallelism over ``torch.distributed`` with
+the multiprocessing ("mp") or Ray ("ray") executor.  Data, context and expert
+parallelism keep their vLLM fields but any size above 1 is refused (see
+`DATA_PARALLEL_REFUSAL` for why data parallelism is).
 
 vLLM's other fields (multi-node ``nnodes``/``master_addr``, NUMA binding, Ray,
 data-parallel ports, ...) are fields here too, so vLLM configs and flags parse:
@@ -39,6 +40,15 @@ All2AllBackend = Literal[
 ]
 ExpertPlacementStrategy = Literal["linear", "round_robin"]
 DCPCommBackend = Literal["ag_rs", "a2a"]
+
+DATA_PARALLEL_REFUSAL = (
+    "data parallelism; minivllm runs one engine replica per server: for N replicas "
+    "start N servers (each with its own --port and share of the cores) behind a "
+    "load balancer; use 1"
+)
+"""Why ``data_parallel_size > 1`` is refused: on a CPU the replicas would split the same
+cores that one replica's batch already keeps busy, so an in-process balancer buys
+nothing over separate servers, and on GPUs each replica is a whole engine process."""
 
 VLLM_ONLY_FIELDS: dict[str, str] = {
     "nnodes": "multi-node inference",
@@ -80,9 +90,10 @@ class ParallelConfig:
     """Configuration for the distributed execution."""
 
     pipeline_parallel_size: int = 1
-    """Number of pipeline stages. Only 1 is supported."""
+    """Number of pipeline stages: the decoder layers are split evenly over them (needs
+    the "mp" or "ray" executor when > 1)."""
     tensor_parallel_size: int = 1
-    """Number of tensor-parallel ranks (needs the "mp" executor when > 1)."""
+    """Number of tensor-parallel ranks (needs the "mp" or "ray" executor when > 1)."""
     prefill_context_parallel_size: int = 1
     """Prefill context-parallel ranks. Only 1 is supported."""
     decode_context_parallel_size: int = 1
@@ -95,7 +106,8 @@ class ParallelConfig:
     dcp_comm_backend: DCPCommBackend = "ag_rs"
     """Communication pattern of decode context parallelism."""
     data_parallel_size: int = 1
-    """Number of data-parallel replicas. Only 1 is supported."""
+    """Number of data-parallel replicas. Only 1 is supported (see
+    `DATA_PARALLEL_REFUSAL`)."""
     data_parallel_size_local: int = 1
     """Data-parallel replicas on this node."""
     data_parallel_rank: int = 0
@@ -258,14 +270,14 @@ class ParallelConfig:
         """What minivllm cannot run, each with the fix."""
         problems: list[str] = []
         sizes = {
-            "pipeline_parallel_size": "pipeline parallelism",
-            "data_parallel_size": "data parallelism",
+            "data_parallel_size": DATA_PARALLEL_REFUSAL,
             "prefill_context_parallel_size": "prefill context parallelism",
             "decode_context_parallel_size": "decode context parallelism",
         }
         for name, what in sizes.items():
             if getattr(self, name) > 1:
-                problems.append(f"{name}={getattr(self, name)} ({what}; use 1)")
+                fix = "" if what.endswith("use 1") else "; use 1"
+                problems.append(f"{name}={getattr(self, name)} ({what}{fix})")
         flags = {
             "enable_expert_parallel": "expert parallelism",
             "enable_eplb": "expert load balancing",
@@ -289,11 +301,11 @@ class ParallelConfig:
                 f"distributed_executor_backend={backend!r} (use one of "
                 f"{list(SUPPORTED_EXECUTOR_BACKENDS)})"
             )
-        elif self.tensor_parallel_size > 1 and backend != "mp":
+        elif self.world_size > 1 and backend == "uni":
             problems.append(
-                f"tensor_parallel_size={self.tensor_parallel_size} with "
-                f"distributed_executor_backend={backend!r} (tensor parallelism runs on the "
-                "'mp' executor; set distributed_executor_backend='mp' or leave it unset)"
+                f"tensor_parallel_size={self.tensor_parallel_size} x pipeline_parallel_size="
+                f"{self.pipeline_parallel_size} with distributed_executor_backend='uni' (more "
+                "than one rank needs processes; use 'mp' or 'ray', or leave it unset)"
             )
         return problems
 

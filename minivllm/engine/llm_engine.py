@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from minivllm.engine.output_processor import OutputProcessor, ParentRequest
-from minivllm.executor.uniproc import get_executor_class
+from minivllm.executor.factory import get_executor_class
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams

@@ -23,31 +23,42 @@ class UniProcExecutor:
         self.worker = Worker(vllm_config)
         self.worker.load_model()
         num_blocks, source = self.worker.determine_num_kv_blocks()
-        block_size = vllm_config.cache_config.block_size
         per_block = self.worker.model_runner.kv_cache_bytes_per_block()
-        if num_blocks < 2:
-            raise ValueError(
-                f"the KV cache holds only {num_blocks} block(s) of {block_size} tokens ({source}); "
-                "give it more memory (--kv-cache-memory-bytes) or lower --max-model-len"
-            )
-        check_kv_cache_holds_max_model_len(vllm_config, num_blocks, source)
-        self.worker.initialize_kv_cache(num_blocks)
-        self.num_blocks = num_blocks
-        vllm_config.cache_config.num_gpu_blocks = num_blocks
-        logger.info(
-            "start-up 4/4: KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB (%s)",
-            num_blocks,
-            block_size,
-            num_blocks * block_size,
-            num_blocks * per_block / (1 << 30),
-            source,
-        )
+        self.num_blocks = finish_kv_cache_sizing(vllm_config, num_blocks, source, per_block)
+        self.worker.initialize_kv_cache(self.num_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
 
+    def is_healthy(self) -> bool:
+        """An in-process worker cannot die on its own."""
+        return True
+
     def shutdown(self) -> None:
         """Nothing to stop for an in-process worker."""
+
+
+def finish_kv_cache_sizing(
+    vllm_config: VllmConfig, num_blocks: int, source: str, per_block: int
+) -> int:
+    """Check the KV cache size every worker agreed on, record and log it; returns it."""
+    block_size = vllm_config.cache_config.block_size
+    if num_blocks < 2:
+        raise ValueError(
+            f"the KV cache holds only {num_blocks} block(s) of {block_size} tokens ({source}); "
+            "give it more memory (--kv-cache-memory-bytes) or lower --max-model-len"
+        )
+    check_kv_cache_holds_max_model_len(vllm_config, num_blocks, source)
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    logger.info(
+        "start-up 4/4: KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB (%s)",
+        num_blocks,
+        block_size,
+        num_blocks * block_size,
+        num_blocks * per_block / (1 << 30),
+        source,
+    )
+    return num_blocks
 
 
 def check_kv_cache_holds_max_model_len(
@@ -91,14 +102,3 @@ def check_kv_cache_holds_max_model_len(
         capacity,
     )
     mc.max_model_len = capacity
-
-
-def get_executor_class(vllm_config: VllmConfig) -> type[UniProcExecutor]:
-    """The executor for ``vllm_config``'s parallel layout, or a ValueError saying why not."""
-    parallel = vllm_config.parallel_config
-    if parallel.world_size > 1:
-        raise ValueError(
-            f"tensor_parallel_size={parallel.tensor_parallel_size} needs a multi-process "
-            "executor, which minivllm does not have yet; use --tensor-parallel-size 1"
-        )
-    return UniProcExecutor

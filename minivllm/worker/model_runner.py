@@ -19,6 +19,7 @@ from minivllm.attention.paged_kv import (
     resolve_kv_cache_dtype,
 )
 from minivllm.config.vllm import set_current_vllm_config
+from minivllm.distributed import get_pp_group, get_world_group
 from minivllm.logger import init_logger
 from minivllm.model_executor.custom_op import op_registry
 from minivllm.model_executor.layers.cpu_gemm import pack_linear_weights
@@ -82,7 +83,7 @@ class ModelRunner:
         mc = self.model_config
         return kv_cache_bytes_per_block(
             self.block_size,
-            mc.get_total_num_kv_heads(),
+            mc.get_num_kv_heads(self.vllm_config.parallel_config),
             mc.get_head_size(),
             self.kv_cache_dtype,
             num_layers=len(self.attn_layers) or mc.get_total_num_hidden_layers(),
@@ -94,7 +95,7 @@ class ModelRunner:
             len(self.attn_layers),
             num_blocks,
             self.block_size,
-            mc.get_total_num_kv_heads(),
+            mc.get_num_kv_heads(self.vllm_config.parallel_config),
             mc.get_head_size(),
             self.kv_cache_dtype,
             self.device,
@@ -148,21 +149,24 @@ class ModelRunner:
             self.states, req_ids, so.num_scheduled_tokens, self.block_size, self.device
         )
         hidden = self.forward_runner.run(inputs.input_ids, inputs.positions, inputs.attn_metadata)
-        prompt_logprobs = self._prompt_logprobs(hidden, inputs)
+        # Only the last pipeline stage holds the final hidden states.
+        last_stage = get_pp_group().is_last_rank
+        prompt_logprobs = self._prompt_logprobs(hidden, inputs) if last_stage else {}
 
         sampled: dict[str, int] = {}
         entries: dict[str, Any] = {}
         if inputs.sample_req_ids:
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
             states = [self.states[r] for r in inputs.sample_req_ids]
-            meta = SamplingMetadata.build(states, self.vocab_size, self.device)
-            out = self.sampler(logits, meta)
-            tokens = out.sampled_token_ids.tolist()
-            row_entries = (
-                out.logprobs.to_entries(meta.num_logprobs)
-                if out.logprobs is not None
-                else [None] * len(tokens)
-            )
+            token_tensor = torch.zeros(len(states), dtype=torch.long, device=self.device)
+            row_entries: list[Any] = [None] * len(states)
+            if last_stage:
+                logits = self.model.compute_logits(hidden[inputs.logits_indices])
+                meta = SamplingMetadata.build(states, self.vocab_size, self.device)
+                out = self.sampler(logits, meta)
+                token_tensor = out.sampled_token_ids.to(torch.long)
+                if out.logprobs is not None:
+                    row_entries = out.logprobs.to_entries(meta.num_logprobs)
+            tokens = self._share_sampled_tokens(token_tensor).tolist()
             for state, token, entry in zip(states, tokens, row_entries, strict=True):
                 state.output_token_ids.append(token)
                 sampled[state.req_id] = token
@@ -175,6 +179,16 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             failed_req_ids=failed,
         )
+
+    def _share_sampled_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Every rank continues with the driver's tokens: the output rank (first
+        tensor-parallel rank of the last stage) broadcasts what it sampled, so the
+        other ranks' per-request token lists (the next step's inputs) never diverge."""
+        world = get_world_group()
+        if world.world_size == 1:
+            return tokens
+        tp_size = self.vllm_config.parallel_config.tensor_parallel_size
+        return world.broadcast(tokens.contiguous(), src=world.world_size - tp_size)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[str, list[Any]]:
         """Logprobs of the prompt tokens computed this step, for requests that asked."""

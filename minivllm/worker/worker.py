@@ -21,6 +21,12 @@ from typing import TYPE_CHECKING
 import psutil
 import torch
 
+from minivllm.distributed.parallel_state import (
+    default_backend,
+    init_distributed_environment,
+    initialize_model_parallel,
+    local_device,
+)
 from minivllm.logger import init_logger
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.worker.model_runner import ModelRunner
@@ -84,11 +90,34 @@ def configure_cpu_malloc() -> bool:
 
 
 class Worker:
-    """Runs the model on one device for the engine."""
+    """Runs the model (or this rank's part of it) on one device for the engine.
 
-    def __init__(self, vllm_config: VllmConfig) -> None:
+    With more than one rank (``distributed_init_method`` given) the worker joins
+    torch.distributed and the tensor-/pipeline-parallel groups before it builds the
+    model, so the layers see their shard sizes.
+    """
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        rank: int = 0,
+        local_rank: int = 0,
+        distributed_init_method: str | None = None,
+    ) -> None:
         self.vllm_config = vllm_config
-        self.device = torch.device(vllm_config.device_config.device_type)
+        self.rank = rank
+        device_type = vllm_config.device_config.device_type
+        self.device = torch.device(device_type)
+        parallel = vllm_config.parallel_config
+        if parallel.world_size > 1:
+            assert distributed_init_method is not None, "a multi-rank worker needs an init method"
+            self.device = local_device(device_type, local_rank)
+            init_distributed_environment(
+                parallel.world_size, rank, distributed_init_method, default_backend(device_type)
+            )
+            initialize_model_parallel(
+                parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+            )
         if self.device.type == "cpu":
             threads = configure_cpu_threads()
             malloc = "fixed" if configure_cpu_malloc() else "left as they are"

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm.distributed import get_tp_group
+from minivllm.model_executor.layers.tensor_parallel import shard_model
 from minivllm.model_executor.loader.gguf import gguf_weights_iterator, is_gguf_file
 from minivllm.model_executor.loader.safetensors import has_hf_weights, hf_weights_iterator
 from minivllm.model_executor.models.registry import get_model_class_for_config
@@ -31,17 +33,24 @@ def find_gguf_file(model_path: str | os.PathLike[str]) -> Path | None:
 
 
 def get_weights_iterator(
-    model_path: str | os.PathLike[str], load_format: str = "auto", use_cache: bool = True
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named ``(name, tensor)`` pairs from a GGUF file or an HF directory."""
+    model_path: str | os.PathLike[str],
+    load_format: str = "auto",
+    use_cache: bool = True,
+    lazy: bool = False,
+) -> Iterator[tuple[str, Any]]:
+    """HF-named ``(name, tensor)`` pairs from a GGUF file or an HF directory.
+
+    ``lazy``: safetensors tensors come as `LazyWeight` slices that the (sharded)
+    weight loaders read only in part.
+    """
     gguf_file = find_gguf_file(model_path) if load_format in ("auto", "gguf") else None
     if gguf_file is not None:
-        return gguf_weights_iterator(gguf_file, use_cache=use_cache)
+        return gguf_weights_iterator(gguf_file, use_cache=use_cache, lazy=lazy)
     if load_format == "gguf":
         raise ValueError(f"{model_path} is not a GGUF file (or a directory with exactly one)")
     if not Path(model_path).is_dir():
         raise ValueError(f"model path {model_path} is neither a GGUF file nor a directory")
-    return hf_weights_iterator(model_path)
+    return hf_weights_iterator(model_path, lazy=lazy)
 
 
 def initialize_dummy_weights(model: nn.Module, seed: int = 0) -> None:
@@ -74,12 +83,15 @@ def load_model(
     model_cls = get_model_class_for_config(hf_config)
     with torch.device(device):
         model = model_cls(hf_config, dtype=dtype)
+    tp = get_tp_group()
+    shard_model(model, tp)
     if load_format == "dummy":
         initialize_dummy_weights(model)
     else:
         if model_path is None:
             raise ValueError("a model path is needed unless load_format='dummy'")
-        model.load_weights(get_weights_iterator(model_path, load_format, use_cache))
+        weights = get_weights_iterator(model_path, load_format, use_cache, lazy=tp.world_size > 1)
+        model.load_weights(weights)
     return model.eval()
 
 

@@ -18,7 +18,11 @@ import torch
 
 from minivllm.logger import init_logger
 from minivllm.model_executor.loader import gguf_dequant
-from minivllm.model_executor.loader.weight_cache import load_cached_weights, save_cached_weights
+from minivllm.model_executor.loader.weight_cache import (
+    cache_path_for,
+    load_cached_weights,
+    save_cached_weights,
+)
 
 logger = init_logger(__name__)
 
@@ -129,7 +133,22 @@ def load_gguf_weights(
 
 
 def gguf_weights_iterator(
-    path: str | os.PathLike[str], use_cache: bool = True
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(hf_name, tensor)`` pairs of a GGUF file, for ``model.load_weights``."""
+    path: str | os.PathLike[str], use_cache: bool = True, lazy: bool = False
+) -> Iterator[tuple[str, Any]]:
+    """``(hf_name, tensor)`` pairs of a GGUF file, for ``model.load_weights``.
+
+    ``lazy`` (tensor-parallel ranks): once the dequantized cache exists, its tensors
+    come as `LazyWeight` slices, so each rank reads only its shard of the file.
+    """
+    if lazy and use_cache:
+        target = cache_path_for(path)
+        if target.exists():
+            from safetensors import safe_open
+
+            from minivllm.model_executor.layers.tensor_parallel import LazyWeight
+
+            with safe_open(str(target), framework="pt") as sf:
+                for name in sf.keys():
+                    yield name, LazyWeight(sf.get_slice(name))
+            return
     yield from load_gguf_weights(path, use_cache).items()

@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from minivllm.model_executor.layers.tensor_parallel import LazyWeight
+
 
 def _safetensors_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
@@ -38,15 +40,21 @@ def has_hf_weights(model_dir: str | os.PathLike[str]) -> bool:
     return bool(_safetensors_files(d) or _bin_files(d))
 
 
-def hf_weights_iterator(model_dir: str | os.PathLike[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs of every weight in the directory, file by file."""
+def hf_weights_iterator(
+    model_dir: str | os.PathLike[str], lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | LazyWeight]]:
+    """``(name, tensor)`` pairs of every weight in the directory, file by file.
+
+    ``lazy``: safetensors weights come as `LazyWeight` (read when a loader asks, and
+    only the slice it asks for: a tensor-parallel rank reads its shard alone).
+    """
     d = Path(model_dir)
     st_files = _safetensors_files(d)
     if st_files:
         for f in st_files:
             with safe_open(str(f), framework="pt") as sf:
                 for name in sf.keys():
-                    yield name, sf.get_tensor(name)
+                    yield name, LazyWeight(sf.get_slice(name)) if lazy else sf.get_tensor(name)
         return
     bin_files = _bin_files(d)
     if not bin_files:

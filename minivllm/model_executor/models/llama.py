@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.layer import Attention
+from minivllm.distributed import get_pp_group, get_tp_group
 from minivllm.model_executor.layers.activation import SiluAndMul
 from minivllm.model_executor.layers.layernorm import RMSNorm
 from minivllm.model_executor.layers.linear import (
@@ -81,15 +82,20 @@ class LlamaAttention(nn.Module):
         self, config: Any, rotary_emb: RotaryEmbedding, opts: AttnOptions, prefix: str
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        # This rank's heads under tensor parallelism (KV heads replicated when fewer
+        # than ranks); the projections are built whole and sharded by the loader.
+        tp_size = get_tp_group().world_size
+        self.num_heads = total_heads // tp_size
+        self.num_kv_heads = max(1, total_kv_heads // tp_size)
         self.head_dim = head_dim_of(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, opts.qkv_bias
+            config.hidden_size, self.head_dim, total_heads, total_kv_heads, opts.qkv_bias
         )
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, opts.o_bias)
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, opts.o_bias)
         self.rotary_emb = rotary_emb
         if opts.qk_norm:
             self.q_norm: RMSNorm | None = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -143,8 +149,25 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+class PPMissingLayer(nn.Identity):
+    """Stands for a decoder layer that lives on another pipeline stage."""
+
+
+def pp_layer_range(num_layers: int) -> tuple[int, int]:
+    """``[start, end)`` of the decoder layers on this pipeline stage (even split)."""
+    pp = get_pp_group()
+    per_stage = num_layers // pp.world_size
+    return pp.rank_in_group * per_stage, (pp.rank_in_group + 1) * per_stage
+
+
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers and final norm (no LM head)."""
+    """Embedding, decoder layers and final norm (no LM head).
+
+    Under pipeline parallelism a stage holds only its layers; a stage other than the
+    first receives the residual stream from the one before, and a stage other than
+    the last sends ``hidden + residual`` on (the next layer's fused add-norm would
+    form exactly that sum) and returns it in place of the final hidden states.
+    """
 
     def __init__(self, config: Any, opts: AttnOptions, prefix: str = "") -> None:
         super().__init__()
@@ -157,17 +180,29 @@ class LlamaModel(nn.Module):
             config.max_position_embeddings,
             rope_parameters_from_config(config),
         )
+        self.start_layer, self.end_layer = pp_layer_range(config.num_hidden_layers)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, rotary_emb, opts, prefix=maybe_prefix(prefix, f"layers.{i}"))
+            if self.start_layer <= i < self.end_layer
+            else PPMissingLayer()
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        pp = get_pp_group()
+        if pp.is_first_rank:
+            hidden = self.embed_tokens(input_ids)
+        else:
+            shape = (input_ids.shape[0], self.norm.weight.shape[0])
+            hidden = pp.recv(shape, self.norm.weight.dtype, pp.prev_rank)
         residual = None
-        for layer in self.layers:
+        for layer in self.layers[self.start_layer : self.end_layer]:
             hidden, residual = layer(positions, hidden, residual)
+        if not pp.is_last_rank:
+            stream = hidden if residual is None else hidden + residual
+            pp.send(stream, pp.next_rank)
+            return stream
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -210,10 +245,15 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors; returns the names of the parameters filled."""
         tied = bool(self.config.tie_word_embeddings)
+        other_stages = tuple(
+            f"model.layers.{i}."
+            for i, layer in enumerate(self.model.layers)
+            if isinstance(layer, PPMissingLayer)
+        )
         return load_weights_stacked(
             self,
             weights,
             LLAMA_STACKED_PARAMS,
-            skip_prefixes=("lm_head.",) if tied else (),
+            skip_prefixes=(("lm_head.",) if tied else ()) + other_stages,
             optional_params=("lm_head.weight",) if tied else (),
         )

@@ -1,0 +1,226 @@
+"""The "mp" executor: one spawned process per rank on this machine.
+
+Start-up: the processes are *spawned* (a fresh interpreter each; forking a
+process whose torch threads have started can deadlock), each gets its share of
+the CPU threads, joins torch.distributed over a free local TCP port, loads its
+shard and reports how many KV blocks fit; the engine takes the minimum.
+
+Each step is one broadcast: the `SchedulerOutput` is pickled once and written to
+every rank's pipe; every rank answers on its own pipe (the output rank with the
+`ModelRunnerOutput`, the others with None).  While it waits the executor also
+watches every process's sentinel, so a rank that dies or raises fails the step at
+once with `WorkerError` and marks the executor dead: the peers of a failed rank
+may be stuck in a collective, so nothing can run any more.  Workers watch their
+parent too and exit when it is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import time
+import sys
+import traceback
+import types
+from collections.abc import Iterator
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING, Any
+
+from minivllm.executor.rank_worker import RankWorker, output_rank, threads_per_worker
+from minivllm.executor.uniproc import finish_kv_cache_sizing
+from minivllm.logger import init_logger
+from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
+
+logger = init_logger(__name__)
+
+PARENT_POLL_S = 1.0
+"""How often an idle worker checks that the engine process is still there."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process died or raised; the executor cannot run any more steps."""
+
+
+def free_local_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker_main(conn: Connection, parent_pid: int, args: tuple[Any, ...]) -> None:
+    """Body of a worker process: build the `RankWorker`, then serve calls until told
+    to stop or until the engine process is gone."""
+    try:
+        worker = RankWorker(*args)
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        if not conn.poll(PARENT_POLL_S):
+            if os.getppid() != parent_pid:  # the engine died: nobody will call again
+                return
+            continue
+        try:
+            method, call_args = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        if method == "shutdown":
+            worker.close()
+            conn.send(("ok", None))
+            return
+        try:
+            result = getattr(worker, method)(*call_args)
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+            continue
+        conn.send(("ok", result))
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Spawn without re-running the caller's script in the child.
+
+    A spawned child normally imports the parent's ``__main__`` file first, so a
+    script without an ``if __name__ == "__main__":`` guard would start a second
+    engine in every worker.  The workers need nothing from ``__main__`` (only the
+    config is sent), so hide it while the process starts.
+    """
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+class MultiprocExecutor:
+    """Drives ``world_size`` worker processes; chosen for ``distributed_executor_backend="mp"``."""
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.vllm_config = vllm_config
+        parallel = vllm_config.parallel_config
+        self.world_size = parallel.world_size
+        self.output_rank = output_rank(vllm_config)
+        self._failed: str | None = None
+        init_method = f"tcp://127.0.0.1:{free_local_port()}"
+        threads = threads_per_worker(self.world_size)
+        ctx = mp.get_context("spawn")
+        self.conns: list[Connection] = []
+        self.procs: list[Any] = []
+        for rank in range(self.world_size):
+            parent_conn, child_conn = ctx.Pipe()
+            args = (vllm_config, rank, rank, init_method, threads)
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(child_conn, os.getpid(), args),
+                name=f"minivllm-worker-{rank}",
+                daemon=True,
+            )
+            with _main_module_hidden():
+                proc.start()
+            child_conn.close()
+            self.conns.append(parent_conn)
+            self.procs.append(proc)
+        logger.info(
+            "mp executor: %d worker processes (TP=%d x PP=%d), %d CPU thread(s) each",
+            self.world_size,
+            parallel.tensor_parallel_size,
+            parallel.pipeline_parallel_size,
+            threads,
+        )
+        try:
+            sizes = self.collective_rpc("load")
+            per_block = self.collective_rpc("kv_cache_bytes_per_block")[0]
+            num_blocks, source = min(sizes)
+            self.num_blocks = finish_kv_cache_sizing(vllm_config, num_blocks, source, per_block)
+            self.collective_rpc("initialize_kv_cache", self.num_blocks)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def collective_rpc(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method`` on every rank (one pickled message); their results by rank."""
+        if self._failed is not None:
+            raise WorkerError(self._failed)
+        data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            for conn in self.conns:
+                conn.send_bytes(data)
+        except OSError as exc:
+            self._fail(f"a worker's pipe broke while sending {method!r}: {exc}")
+        return self._gather(method)
+
+    def _gather(self, method: str) -> list[Any]:
+        results: dict[int, Any] = {}
+        by_conn = {id(c): r for r, c in enumerate(self.conns)}
+        by_sentinel = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while len(results) < self.world_size:
+            pending = [c for r, c in enumerate(self.conns) if r not in results]
+            sentinels = [s for s, r in by_sentinel.items() if r not in results]
+            for obj in wait(pending + sentinels):
+                if isinstance(obj, int):  # a process ended
+                    rank = by_sentinel[obj]
+                    if rank in results or self.conns[rank].poll():
+                        continue  # its answer is there; read it first
+                    code = self.procs[rank].exitcode
+                    self._fail(f"worker rank {rank} died (exit code {code}) during {method!r}")
+                rank = by_conn[id(obj)]
+                try:
+                    status, value = obj.recv()
+                except (EOFError, OSError):
+                    code = self.procs[rank].exitcode
+                    self._fail(f"worker rank {rank} died (exit code {code}) during {method!r}")
+                if status == "error":
+                    self._fail(f"worker rank {rank} raised during {method!r}:\n{value}")
+                results[rank] = value
+        return [results[r] for r in range(self.world_size)]
+
+    def _fail(self, why: str) -> None:
+        self._failed = why
+        logger.error("%s; the engine cannot continue", why)
+        raise WorkerError(why)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        out = self.collective_rpc("execute", scheduler_output)[self.output_rank]
+        assert out is not None
+        return out
+
+    def is_healthy(self) -> bool:
+        """False once a worker died or raised."""
+        if self._failed is None and not all(p.is_alive() for p in self.procs):
+            dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
+            self._failed = f"worker rank(s) {dead} exited"
+        return self._failed is None
+
+    def shutdown(self) -> None:
+        """Ask the workers to stop, then end any that do not within a few seconds."""
+        if self._failed is None and all(p.is_alive() for p in self.procs):
+            data = pickle.dumps(("shutdown", ()))
+            for conn in self.conns:
+                try:
+                    conn.send_bytes(data)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 5.0
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5.0)
+        for conn in self.conns:
+            conn.close()
+        if self._failed is None:
+            self._failed = "the executor was shut down"
+
+
+__all__ = ["MultiprocExecutor", "RankWorker", "WorkerError"]

@@ -1,0 +1,93 @@
+"""`RankWorker`: one rank of a multi-process engine, driven by an executor.
+
+The same class runs in a spawned process (the "mp" executor) and as a Ray actor
+(the "ray" executor); the executor calls its methods in the same order on every
+rank: `load` (join the groups, build and load this rank's shard, size its KV
+cache), `initialize_kv_cache` with the smallest size over ranks, then `execute`
+once per step.  Only the output rank (the first tensor-parallel rank of the last
+pipeline stage) returns the step's `ModelRunnerOutput`; the others return None.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
+    from minivllm.worker.worker import Worker
+
+
+def threads_per_worker(world_size: int) -> int:
+    """Each rank's share of the CPU threads (``MINIVLLM_CPU_THREADS`` or the usable
+    cores, split evenly), at least one."""
+    raw = os.environ.get("MINIVLLM_CPU_THREADS")
+    if raw:
+        total = int(raw)
+    else:
+        try:
+            total = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not Linux
+            total = os.cpu_count() or 1
+    return max(1, total // world_size)
+
+
+def output_rank(vllm_config: VllmConfig) -> int:
+    """Global rank whose step output the engine uses."""
+    parallel = vllm_config.parallel_config
+    return parallel.world_size - parallel.tensor_parallel_size
+
+
+class RankWorker:
+    """Holds this rank's `Worker` between the executor's calls."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        rank: int,
+        local_rank: int,
+        distributed_init_method: str,
+        cpu_threads: int,
+    ) -> None:
+        self.vllm_config = vllm_config
+        self.rank = rank
+        self.local_rank = local_rank
+        self.distributed_init_method = distributed_init_method
+        self.is_output_rank = rank == output_rank(vllm_config)
+        # Read by the worker's thread set-up (configure_cpu_threads).
+        os.environ["MINIVLLM_CPU_THREADS"] = str(cpu_threads)
+        self.worker: Worker | None = None
+
+    def load(self) -> tuple[int, str]:
+        """Join torch.distributed, load this rank's weights; returns (KV blocks, source)."""
+        from minivllm.worker.worker import Worker
+
+        self.vllm_config.parallel_config.rank = self.rank
+        self.worker = Worker(
+            self.vllm_config, self.rank, self.local_rank, self.distributed_init_method
+        )
+        self.worker.load_model()
+        return self.worker.determine_num_kv_blocks()
+
+    def kv_cache_bytes_per_block(self) -> int:
+        assert self.worker is not None
+        return self.worker.model_runner.kv_cache_bytes_per_block()
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        assert self.worker is not None
+        self.worker.initialize_kv_cache(num_blocks)
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        assert self.worker is not None
+        out = self.worker.execute_model(scheduler_output)
+        return out if self.is_output_rank else None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        from minivllm.distributed import destroy_distributed_environment
+
+        destroy_distributed_environment()

@@ -77,18 +77,19 @@ class GroupCoordinator:
             dist.broadcast(x, src=self.ranks[src], group=self.device_group)
         return x
 
-    def send(self, x: torch.Tensor, dst: int) -> None:
-        """Send ``x`` to global rank ``dst`` (which must call `recv`)."""
+    def send(self, x: torch.Tensor, dst: int) -> torch.Tensor:
+        """Send ``x`` [T, H] to global rank ``dst`` (which must call `recv`); returns a
+        copy of ``x`` so that a compiled graph keeps the send (its output is used)."""
         assert self.device_group is not None, "send needs a process group"
-        dist.send(x.contiguous(), dst=dst, group=self.device_group)
+        return torch.ops.minivllm.send(x, dst, self.name)
 
-    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> torch.Tensor:
-        """A tensor of ``shape``/``dtype`` sent by global rank ``src``."""
+    def recv(
+        self, like_rows: torch.Tensor, width: int, dtype: torch.dtype, src: int
+    ) -> torch.Tensor:
+        """A ``[len(like_rows), width]`` tensor of ``dtype`` sent by global rank ``src``
+        (``like_rows`` gives the row count and the device)."""
         assert self.device_group is not None, "recv needs a process group"
-        device = "cpu" if dist.get_backend(self.device_group) == "gloo" else "cuda"
-        out = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(out, src=src, group=self.device_group)
-        return out
+        return torch.ops.minivllm.recv(like_rows, width, dtype, src, self.name)
 
     def barrier(self) -> None:
         if self.cpu_group is not None:
@@ -132,3 +133,33 @@ def _(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
     shape = list(x.shape)
     shape[dim] *= len(_GROUPS[group_name].ranks)
     return x.new_empty(shape)
+
+
+# Point-to-point ops for pipeline stages: custom ops too, since Dynamo refuses to trace
+# torch.distributed's send/recv.
+@torch.library.custom_op("minivllm::send", mutates_args=())
+def _send_op(x: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:
+    x = x.contiguous()
+    dist.send(x, dst=dst, group=_GROUPS[group_name].device_group)
+    return x.clone()
+
+
+@_send_op.register_fake
+def _(x: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("minivllm::recv", mutates_args=())
+def _recv_op(
+    like_rows: torch.Tensor, width: int, dtype: torch.dtype, src: int, group_name: str
+) -> torch.Tensor:
+    out = torch.empty((like_rows.shape[0], width), dtype=dtype, device=like_rows.device)
+    dist.recv(out, src=src, group=_GROUPS[group_name].device_group)
+    return out
+
+
+@_recv_op.register_fake
+def _(
+    like_rows: torch.Tensor, width: int, dtype: torch.dtype, src: int, group_name: str
+) -> torch.Tensor:
+    return like_rows.new_empty((like_rows.shape[0], width), dtype=dtype)

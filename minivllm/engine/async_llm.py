@@ -156,7 +156,10 @@ class AsyncLLM:
     @property
     def errored(self) -> bool:
         """True once the engine loop has died (every request fails from then on)."""
-        return self._dead is not None or not self._thread.is_alive() and not self._stop
+        if self._dead is not None or not self._thread.is_alive() and not self._stop:
+            return True
+        # A worker process that died between steps: report it before a request finds out.
+        return not self.engine.is_healthy()
 
     @property
     def is_accepting(self) -> bool:
@@ -261,6 +264,7 @@ class AsyncLLM:
         self._stop = True
         self._wakeup.set()
         self._thread.join()
+        self.engine.shutdown()  # worker processes, if the executor has any
 
     # -- the engine thread ----------------------------------------------------
     def _run_loop(self) -> None:
@@ -343,6 +347,8 @@ class AsyncLLM:
             logger.exception("engine step failed; failing its %d request(s)", len(self._streams))
             ids = list(self._streams)
             self._fail_streams(ids, EngineError(f"engine step failed: {exc!r}"))
+            if not self.engine.is_healthy():
+                raise  # a worker is gone: the loop dies and /health turns 503
             # Aborting frees the failed requests' blocks so the next requests start clean;
             # if even that fails, the loop dies (handled by _run_loop).
             self.engine.abort_request(ids)

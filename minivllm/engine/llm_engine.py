@@ -218,6 +218,14 @@ class LLMEngine:
         request = requests.get(request_id) or requests.get(f"0_{request_id}")
         return request is not None and request.num_computed_tokens > 0
 
+    def is_healthy(self) -> bool:
+        """False once the executor lost a worker (no step can run any more)."""
+        return bool(self.executor.is_healthy())
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers (a no-op for the in-process one)."""
+        self.executor.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 

@@ -70,8 +70,7 @@ def _worker_main(conn: Connection, parent_pid: int, args: tuple[Any, ...]) -> No
             method, call_args = pickle.loads(conn.recv_bytes())
         except EOFError:
             return
-        if method == "shutdown":
-            worker.close()
+        if method == "shutdown":  # leaving the process also leaves its groups
             conn.send(("ok", None))
             return
         try:
@@ -115,7 +114,7 @@ class MultiprocExecutor:
         self.procs: list[Any] = []
         for rank in range(self.world_size):
             parent_conn, child_conn = ctx.Pipe()
-            args = (vllm_config, rank, rank, init_method, threads)
+            args = (vllm_config, rank, rank, threads)
             proc = ctx.Process(
                 target=_worker_main,
                 args=(child_conn, os.getpid(), args),
@@ -135,7 +134,7 @@ class MultiprocExecutor:
             threads,
         )
         try:
-            sizes = self.collective_rpc("load")
+            sizes = self.collective_rpc("load", init_method)
             per_block = self.collective_rpc("kv_cache_bytes_per_block")[0]
             num_blocks, source = min(sizes)
             self.num_blocks = finish_kv_cache_sizing(vllm_config, num_blocks, source, per_block)

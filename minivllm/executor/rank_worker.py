@@ -48,26 +48,23 @@ class RankWorker:
         vllm_config: VllmConfig,
         rank: int,
         local_rank: int,
-        distributed_init_method: str,
         cpu_threads: int,
     ) -> None:
         self.vllm_config = vllm_config
         self.rank = rank
         self.local_rank = local_rank
-        self.distributed_init_method = distributed_init_method
         self.is_output_rank = rank == output_rank(vllm_config)
         # Read by the worker's thread set-up (configure_cpu_threads).
         os.environ["MINIVLLM_CPU_THREADS"] = str(cpu_threads)
         self.worker: Worker | None = None
 
-    def load(self) -> tuple[int, str]:
-        """Join torch.distributed, load this rank's weights; returns (KV blocks, source)."""
+    def load(self, distributed_init_method: str) -> tuple[int, str]:
+        """Join torch.distributed (``tcp://host:port`` of rank 0), load this rank's
+        weights; returns (KV blocks, where the number came from)."""
         from minivllm.worker.worker import Worker
 
         self.vllm_config.parallel_config.rank = self.rank
-        self.worker = Worker(
-            self.vllm_config, self.rank, self.local_rank, self.distributed_init_method
-        )
+        self.worker = Worker(self.vllm_config, self.rank, self.local_rank, distributed_init_method)
         self.worker.load_model()
         return self.worker.determine_num_kv_blocks()
 
@@ -86,6 +83,25 @@ class RankWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node_ip_and_free_port(self) -> tuple[str, int]:
+        """An address the other ranks can reach this one at (rank 0 hosts the rendezvous)."""
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:  # the interface a route out would use; no packet is sent
+                s.connect(("10.255.255.255", 1))
+                ip = s.getsockname()[0]
+            except OSError:
+                ip = "127.0.0.1"
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ip, int(s.getsockname()[1])
+
+    def num_threads(self) -> int:
+        import torch
+
+        return torch.get_num_threads()
 
     def close(self) -> None:
         from minivllm.distributed import destroy_distributed_environment

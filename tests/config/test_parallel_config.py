@@ -1,4 +1,4 @@
-"""ParallelConfig: tensor parallel over the mp executor; everything else is refused."""
+"""ParallelConfig: tensor and pipeline parallel over the mp/ray executors; the rest is refused."""
 
 from __future__ import annotations
 
@@ -27,10 +27,29 @@ def test_tensor_parallel_with_mp_is_accepted() -> None:
     assert p.world_size == 4
 
 
-@pytest.mark.parametrize("backend", ["uni", "ray"])
-def test_tensor_parallel_needs_mp(backend: str) -> None:
-    with pytest.raises(ValueError, match="distributed_executor_backend='mp'"):
-        ParallelConfig(tensor_parallel_size=2, distributed_executor_backend=backend)  # type: ignore[arg-type]
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_tensor_and_pipeline_parallel_run_on_both_executors(backend: str) -> None:
+    p = ParallelConfig(
+        tensor_parallel_size=3,
+        pipeline_parallel_size=2,
+        distributed_executor_backend=backend,  # type: ignore[arg-type]
+    )
+    assert p.world_size == 6
+
+
+def test_pipeline_parallel_defaults_to_mp() -> None:
+    assert ParallelConfig(pipeline_parallel_size=2).distributed_executor_backend == "mp"
+
+
+@pytest.mark.parametrize("field", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_more_than_one_rank_needs_processes(field: str) -> None:
+    with pytest.raises(ValueError, match="use 'mp' or 'ray'"):
+        ParallelConfig(**{field: 2}, distributed_executor_backend="uni")  # type: ignore[arg-type]
+
+
+def test_data_parallel_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="start N servers"):
+        ParallelConfig(data_parallel_size=2)
 
 
 def test_single_rank_backends() -> None:
@@ -46,7 +65,6 @@ def test_external_launcher_is_unsupported() -> None:
 @pytest.mark.parametrize(
     ("field", "what"),
     [
-        ("pipeline_parallel_size", "pipeline parallelism"),
         ("data_parallel_size", "data parallelism"),
         ("decode_context_parallel_size", "decode context parallelism"),
         ("prefill_context_parallel_size", "prefill context parallelism"),
@@ -84,8 +102,8 @@ def test_sizes_must_be_positive(field: str) -> None:
 
 def test_check_supported_sees_later_assignments() -> None:
     p = ParallelConfig()
-    p.pipeline_parallel_size = 2
-    with pytest.raises(ValueError, match="pipeline"):
+    p.data_parallel_size = 2
+    with pytest.raises(ValueError, match="data parallelism"):
         p.check_supported()
 
 

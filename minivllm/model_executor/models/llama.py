@@ -194,15 +194,14 @@ class LlamaModel(nn.Module):
         if pp.is_first_rank:
             hidden = self.embed_tokens(input_ids)
         else:
-            shape = (input_ids.shape[0], self.norm.weight.shape[0])
-            hidden = pp.recv(shape, self.norm.weight.dtype, pp.prev_rank)
+            width, dtype = self.norm.weight.shape[0], self.norm.weight.dtype
+            hidden = pp.recv(input_ids, width, dtype, pp.prev_rank)
         residual = None
         for layer in self.layers[self.start_layer : self.end_layer]:
             hidden, residual = layer(positions, hidden, residual)
         if not pp.is_last_rank:
             stream = hidden if residual is None else hidden + residual
-            pp.send(stream, pp.next_rank)
-            return stream
+            return pp.send(stream, pp.next_rank)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

@@ -51,6 +51,12 @@ class FakeEngine:
     def has_started(self, request_id: str) -> bool:
         return self.generated.get(request_id, 0) > 0
 
+    def is_healthy(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
     def _output(self, rid: str, new: int, reason: str | None) -> RequestOutput:
         done = reason is not None
         completion = CompletionOutput(0, "x" * new, [7] * new, None, None, reason)

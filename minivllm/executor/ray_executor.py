@@ -1,0 +1,154 @@
+"""The "ray" executor: one Ray actor per rank, placed with a placement group.
+
+Ray is the cluster manager users already run for multi-node vLLM: ``ray start
+--head`` on one machine, ``ray start --address=HEAD:6379`` on the others, then
+start the engine on the head with ``RAY_ADDRESS`` set (see the README).  Without
+``RAY_ADDRESS`` and without a prior ``ray.init`` in the process, a local Ray
+instance is started (and stopped at shutdown); a caller's own ``ray.init`` is
+used as it is.
+
+Each rank is a `RankWorker` actor holding one bundle (one CPU, or one GPU) of a
+placement group; rank 0's node hosts the torch.distributed rendezvous.  Each step
+puts the `SchedulerOutput` in Ray's object store once and every actor reads it;
+an actor that dies or raises fails the step with `WorkerError` and marks the
+executor dead, as in the "mp" executor.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from minivllm.executor.multiproc import WorkerError
+from minivllm.executor.rank_worker import RankWorker, output_rank, threads_per_worker
+from minivllm.executor.uniproc import finish_kv_cache_sizing
+from minivllm.logger import init_logger
+from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
+
+logger = init_logger(__name__)
+
+PLACEMENT_TIMEOUT_S = 120.0
+"""How long to wait for the cluster to grant the ranks' bundles."""
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(
+            "distributed_executor_backend='ray' needs Ray: pip install ray "
+            "(or use --distributed-executor-backend mp on one machine)"
+        ) from None
+    return ray
+
+
+class RayExecutor:
+    """Drives ``world_size`` Ray actors; chosen for ``distributed_executor_backend="ray"``."""
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        ray = self._ray = _import_ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.vllm_config = vllm_config
+        parallel = vllm_config.parallel_config
+        self.world_size = parallel.world_size
+        self.output_rank = output_rank(vllm_config)
+        self._failed: str | None = None
+        self._started_ray = not ray.is_initialized()
+        if self._started_ray:
+            address = os.environ.get("RAY_ADDRESS")
+            if address:
+                ray.init(address=address)
+            else:  # a local instance with a logical CPU per rank (more ranks than cores is fine)
+                cpus = max(os.cpu_count() or 1, self.world_size)
+                ray.init(num_cpus=cpus, include_dashboard=False)
+        on_gpu = vllm_config.device_config.device_type == "cuda"
+        bundle = {"GPU": 1.0, "CPU": 1.0} if on_gpu else {"CPU": 1.0}
+        self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], "PACK")
+        ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            self.shutdown()
+            raise ValueError(
+                f"the Ray cluster did not grant {self.world_size} bundles of {bundle} in "
+                f"{PLACEMENT_TIMEOUT_S:.0f} s; add nodes or resources (ray status shows them), "
+                "or lower --tensor-parallel-size / --pipeline-parallel-size"
+            )
+        threads = threads_per_worker(self.world_size)
+        actor_cls = ray.remote(RankWorker)
+        env = {k: os.environ[k] for k in ("PYTHONPATH", "MINIVLLM_CACHE_ROOT") if k in os.environ}
+        self.workers = [
+            actor_cls.options(
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, rank),
+                runtime_env={"env_vars": env},
+            ).remote(vllm_config, rank, 0, threads)
+            for rank in range(self.world_size)
+        ]
+        try:
+            ip, port = self._call([self.workers[0].node_ip_and_free_port.remote()], "address")[0]
+            sizes = self.collective_rpc("load", f"tcp://{ip}:{port}")
+            per_block = self.collective_rpc("kv_cache_bytes_per_block")[0]
+            num_blocks, source = min(sizes)
+            self.num_blocks = finish_kv_cache_sizing(vllm_config, num_blocks, source, per_block)
+            self.collective_rpc("initialize_kv_cache", self.num_blocks)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("ray executor: %d actors, %d CPU thread(s) each", self.world_size, threads)
+
+    def collective_rpc(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method`` on every actor (arguments put in the object store once)."""
+        if self._failed is not None:
+            raise WorkerError(self._failed)
+        refs = [self._ray.put(a) for a in args]
+        return self._call([getattr(w, method).remote(*refs) for w in self.workers], method)
+
+    def _call(self, refs: list[Any], method: str) -> list[Any]:
+        ray = self._ray
+        pending = list(refs)
+        while pending:
+            # One at a time: a rank stuck in a collective with a dead peer must not hide
+            # the dead peer's error.
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except Exception as exc:
+                rank = refs.index(done[0])
+                self._failed = f"worker rank {rank} died or raised during {method!r}: {exc}"
+                logger.error("%s; the engine cannot continue", self._failed)
+                raise WorkerError(self._failed) from exc
+        return ray.get(refs)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        out = self.collective_rpc("execute", scheduler_output)[self.output_rank]
+        assert out is not None
+        return out
+
+    def is_healthy(self) -> bool:
+        return self._failed is None
+
+    def shutdown(self) -> None:
+        """Kill the actors and free the placement group; stop Ray if this executor
+        started it."""
+        ray = self._ray
+        for w in getattr(self, "workers", []):
+            ray.kill(w)
+        self.workers = []
+        try:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+        except Exception:  # already gone with the cluster
+            pass
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+        if self._failed is None:
+            self._failed = "the executor was shut down"
+
+
+__all__ = ["RankWorker", "RayExecutor"]

@@ -9,6 +9,8 @@ input unchanged.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -36,6 +38,9 @@ class GroupCoordinator:
         """Collectives on the model's tensors (nccl on CUDA, gloo on CPU)."""
         self.cpu_group = cpu_group if cpu_group is not None else device_group
         """Gloo group for small CPU-side messages."""
+        self.comm_seconds = 0.0
+        """Wall time spent in this group's collectives and sends/receives (including
+        waiting for slower peers); read and reset by benchmarks."""
         _GROUPS[name] = self
 
     # -- positions in the group ---------------------------------------------------
@@ -74,7 +79,9 @@ class GroupCoordinator:
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         """``x`` of group member ``src`` on every member (in place)."""
         if self.device_group is not None:
+            start = time.perf_counter()
             dist.broadcast(x, src=self.ranks[src], group=self.device_group)
+            self.comm_seconds += time.perf_counter() - start
         return x
 
     def send(self, x: torch.Tensor, dst: int) -> torch.Tensor:
@@ -100,17 +107,23 @@ class GroupCoordinator:
 
 
 def _all_reduce_impl(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    group = _GROUPS[group_name]
+    start = time.perf_counter()
     out = x.clone()
-    dist.all_reduce(out, group=_GROUPS[group_name].device_group)
+    dist.all_reduce(out, group=group.device_group)
+    group.comm_seconds += time.perf_counter() - start
     return out
 
 
 def _all_gather_impl(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
     group = _GROUPS[group_name]
+    start = time.perf_counter()
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(group.world_size)]
     dist.all_gather(parts, x, group=group.device_group)
-    return torch.cat(parts, dim=dim)
+    out = torch.cat(parts, dim=dim)
+    group.comm_seconds += time.perf_counter() - start
+    return out
 
 
 @torch.library.custom_op("minivllm::all_reduce", mutates_args=())
@@ -139,8 +152,11 @@ def _(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
 # torch.distributed's send/recv.
 @torch.library.custom_op("minivllm::send", mutates_args=())
 def _send_op(x: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:
+    group = _GROUPS[group_name]
+    start = time.perf_counter()
     x = x.contiguous()
-    dist.send(x, dst=dst, group=_GROUPS[group_name].device_group)
+    dist.send(x, dst=dst, group=group.device_group)
+    group.comm_seconds += time.perf_counter() - start
     return x.clone()
 
 
@@ -153,8 +169,11 @@ def _(x: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:
 def _recv_op(
     like_rows: torch.Tensor, width: int, dtype: torch.dtype, src: int, group_name: str
 ) -> torch.Tensor:
+    group = _GROUPS[group_name]
+    start = time.perf_counter()
     out = torch.empty((like_rows.shape[0], width), dtype=dtype, device=like_rows.device)
-    dist.recv(out, src=src, group=_GROUPS[group_name].device_group)
+    dist.recv(out, src=src, group=group.device_group)
+    group.comm_seconds += time.perf_counter() - start
     return out
 
 

@@ -84,6 +84,16 @@ class RankWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def take_comm_seconds(self) -> float:
+        """Seconds this rank spent in collectives and sends/receives since the last call."""
+        from minivllm.distributed import get_pp_group, get_tp_group, get_world_group
+
+        groups = {id(g): g for g in (get_world_group(), get_tp_group(), get_pp_group())}
+        total = sum(g.comm_seconds for g in groups.values())
+        for g in groups.values():
+            g.comm_seconds = 0.0
+        return total
+
     def node_ip_and_free_port(self) -> tuple[str, int]:
         """An address the other ranks can reach this one at (rank 0 hosts the rendezvous)."""
         import socket

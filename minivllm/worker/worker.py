@@ -109,8 +109,9 @@ class Worker:
         device_type = vllm_config.device_config.device_type
         self.device = torch.device(device_type)
         parallel = vllm_config.parallel_config
-        if parallel.world_size > 1:
-            assert distributed_init_method is not None, "a multi-rank worker needs an init method"
+        # Under the "mp" and "ray" executors (an init method given) even one rank joins
+        # a process group, so the nccl/gloo path is the same at every size.
+        if distributed_init_method is not None:
             self.device = local_device(device_type, local_rank)
             init_distributed_environment(
                 parallel.world_size, rank, distributed_init_method, default_backend(device_type)

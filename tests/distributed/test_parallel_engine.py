@@ -26,9 +26,7 @@ def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tp2_pp2(tiny_qwen2: Path):  # noqa: ANN201
-    llm = LLM(
-        model=str(tiny_qwen2), tensor_parallel_size=2, pipeline_parallel_size=2, **ENGINE
-    )
+    llm = LLM(model=str(tiny_qwen2), tensor_parallel_size=2, pipeline_parallel_size=2, **ENGINE)
     yield llm
     llm.llm_engine.shutdown()
 

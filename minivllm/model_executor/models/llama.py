@@ -95,7 +95,9 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size, self.head_dim, total_heads, total_kv_heads, opts.qkv_bias
         )
-        self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, opts.o_bias)
+        self.o_proj = RowParallelLinear(
+            total_heads * self.head_dim, config.hidden_size, opts.o_bias
+        )
         self.rotary_emb = rotary_emb
         if opts.qk_norm:
             self.q_norm: RMSNorm | None = RMSNorm(self.head_dim, config.rms_norm_eps)

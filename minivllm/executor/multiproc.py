@@ -21,8 +21,8 @@ import multiprocessing as mp
 import os
 import pickle
 import socket
-import time
 import sys
+import time
 import traceback
 import types
 from collections.abc import Iterator

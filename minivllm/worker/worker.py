@@ -156,6 +156,8 @@ class Worker:
         # space and a quarter of the memory that is free now.
         needed = sched.max_num_seqs * -(-max_len // block_size) + 1
         budget = min(DEFAULT_CPU_KV_CACHE_BYTES, psutil.virtual_memory().available // 4)
+        # The ranks of one machine share its memory: the default is for all of them.
+        budget //= self.vllm_config.parallel_config.world_size
         return max(1, min(needed, budget // per_block)), "CPU default"
 
     def _cuda_blocks(self, per_block: int) -> tuple[int, str]:

@@ -61,7 +61,7 @@ class ShardSpec:
 class LazyWeight:
     """A checkpoint tensor not read yet; `narrow` reads only the slice asked for."""
 
-    def __init__(self, source: Any, dtype_hint: torch.dtype | None = None) -> None:
+    def __init__(self, source: Any) -> None:
         self._source = source  # a safetensors PySafeSlice
         self.shape = tuple(source.get_shape())
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.distributed import get_tp_group
+from minivllm.distributed import get_tp_group, get_world_group
 from minivllm.model_executor.layers.tensor_parallel import shard_model
 from minivllm.model_executor.loader.gguf import gguf_weights_iterator, is_gguf_file
 from minivllm.model_executor.loader.safetensors import has_hf_weights, hf_weights_iterator
@@ -81,6 +81,11 @@ def load_model(
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
     model_cls = get_model_class_for_config(hf_config)
+    if get_world_group().world_size > 1 and not getattr(model_cls, "supports_parallel", False):
+        raise ValueError(
+            f"{model_cls.__name__} does not run with tensor or pipeline parallelism in "
+            "minivllm yet; use --tensor-parallel-size 1 --pipeline-parallel-size 1"
+        )
     with torch.device(device):
         model = model_cls(hf_config, dtype=dtype)
     tp = get_tp_group()

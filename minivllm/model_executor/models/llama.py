@@ -216,6 +216,10 @@ class LlamaForCausalLM(nn.Module):
     ops and collect the attention layers.
     """
 
+    supports_parallel = True
+    """Heads split over tensor-parallel ranks, layers over pipeline stages (see
+    `LlamaAttention`, `LlamaModel`); the loader refuses models without this flag."""
+
     @classmethod
     def attn_options(cls, config: Any) -> AttnOptions:
         """Attention variations of this family, read from the HF config."""

@@ -20,6 +20,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import socket
 import sys
 import time
@@ -56,6 +57,8 @@ def free_local_port() -> int:
 def _worker_main(conn: Connection, parent_pid: int, args: tuple[Any, ...]) -> None:
     """Body of a worker process: build the `RankWorker`, then serve calls until told
     to stop or until the engine process is gone."""
+    # Ctrl-C reaches the whole process group: the engine process decides what stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         worker = RankWorker(*args)
     except BaseException:

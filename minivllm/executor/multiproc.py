@@ -213,7 +213,8 @@ class MultiprocExecutor:
                     conn.send_bytes(data)
                 except OSError:
                     pass
-        deadline = time.monotonic() + 5.0
+        # After a failure the survivors may be blocked in a collective: end them now.
+        deadline = time.monotonic() + (5.0 if self._failed is None else 0.0)
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if proc.is_alive():

@@ -44,6 +44,7 @@ ROOT_FIELDS = frozenset(
         "observability_config",
         "additional_config",
         "shutdown_timeout",
+        "speculative_config",
     }
 )
 """`VllmConfig` fields that are engine arguments (the sub-configs below are built apart)."""
@@ -102,6 +103,10 @@ class EngineArgs(EngineArgsBase):
     enable_prefix_caching: bool | None = None
     """Reuse KV blocks of identical prompt prefixes across requests. None (as in vLLM):
     decided per model when the config is built (on for every model minivllm runs)."""
+
+    speculative_config: dict[str, Any] | None = None
+    """Speculative decoding as a JSON object, e.g. ``{"method": "ngram",
+    "num_speculative_tokens": 3}`` (see `SpeculativeConfig`); None: off."""
 
     def _resolve_unset(self, attr: str, kwargs: dict[str, Any], built: dict[str, Any]) -> None:
         if attr == "cache_config" and kwargs.get("enable_prefix_caching") is None:

@@ -29,7 +29,7 @@ from minivllm.scheduler.output import (
 )
 from minivllm.scheduler.request import Request, RequestStatus, check_stop
 from minivllm.scheduler.request_queue import SCHEDULING_POLICIES, make_request_queue
-from minivllm.stats import SchedulerStats
+from minivllm.stats import RequestSpecDecodeStats, SchedulerStats, SpecDecodingStats
 
 logger = init_logger(__name__)
 
@@ -51,6 +51,8 @@ class Scheduler:
         max_num_partial_prefills: int = 1,
         max_long_partial_prefills: int = 1,
         reserve_full_isl: bool = True,
+        num_speculative_tokens: int = 0,
+        spec_disable_batch_size: int | None = None,
     ) -> None:
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -95,6 +97,14 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self._pending_outputs: list[EngineCoreOutput] = []
+        # Speculative decoding: drafts per step, and the batch size that turns it off.
+        self.num_speculative_tokens = num_speculative_tokens
+        self.spec_disable_batch_size = spec_disable_batch_size
+        self.spec_stats = (
+            SpecDecodingStats(num_speculative_tokens) if num_speculative_tokens else None
+        )
+        # Block-table lengths to send the worker after rejected drafts' blocks were freed.
+        self._kept_blocks: dict[str, int] = {}
 
     @classmethod
     def from_config(cls, vllm_config: SchedulingConfig, num_blocks: int) -> Scheduler:
@@ -119,6 +129,7 @@ class Scheduler:
         # Speculative decoding may reserve part of the batch: the scheduler hands out
         # max_num_scheduled_tokens when the config sets it (None: the whole budget).
         budget = sched.max_num_scheduled_tokens or sched.max_num_batched_tokens
+        spec = vllm_config.speculative_config
         return cls(
             manager,
             max_num_seqs=sched.max_num_seqs,
@@ -130,6 +141,9 @@ class Scheduler:
             max_num_partial_prefills=sched.max_num_partial_prefills,
             max_long_partial_prefills=sched.max_long_partial_prefills,
             reserve_full_isl=sched.scheduler_reserve_full_isl,
+            num_lookahead_tokens=vllm_config.num_lookahead_tokens,
+            num_speculative_tokens=vllm_config.num_speculative_tokens if spec else 0,
+            spec_disable_batch_size=spec.disable_by_batch_size if spec else None,
         )
 
     # -- requests in and out ------------------------------------------------------
@@ -197,6 +211,7 @@ class Scheduler:
 
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        self._kept_blocks.pop(request.request_id, None)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
 
@@ -209,11 +224,18 @@ class Scheduler:
         scheduled_running: list[Request] = []
         scheduled_new: list[Request] = []
         preempted_any = False
+        spec_tokens: dict[str, list[int]] = {}
+        use_spec = self._speculating()
 
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
             num_new = self._cap_chunk(request.num_tokens - request.num_computed_tokens, budget)
+            drafts = self._drafts_to_verify(request, budget) if use_spec else []
+            request.spec_token_ids = []
+            if drafts and num_new == 1:
+                spec_tokens[request.request_id] = drafts
+                num_new += len(drafts)
             if num_new <= 0:
                 idx += 1
                 continue
@@ -235,6 +257,7 @@ class Scheduler:
                     scheduled_running.remove(victim)
                     budget += num_scheduled.pop(victim.request_id)
                     new_block_ids.pop(victim.request_id)
+                    spec_tokens.pop(victim.request_id, None)
                 self._preempt(victim)
                 preempted_any = True
                 if victim is request:
@@ -243,6 +266,7 @@ class Scheduler:
                     request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
                 )
             if block_ids is None:
+                spec_tokens.pop(request.request_id, None)
                 continue  # it left self.running; self.running[idx] is now the next request
             scheduled_running.append(request)
             num_scheduled[request.request_id] = num_new
@@ -316,10 +340,15 @@ class Scheduler:
                 req_ids=[r.request_id for r in scheduled_running],
                 new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
                 num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
+                num_kept_blocks=[
+                    self._kept_blocks.pop(r.request_id, None) for r in scheduled_running
+                ],
             ),
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
+            scheduled_spec_decode_tokens=spec_tokens,
+            num_spec_tokens_to_propose=self.num_speculative_tokens if use_spec else 0,
         )
         self.finished_req_ids = set()
         # Scheduled tokens count as computed from now on, so the next schedule() (which may
@@ -327,6 +356,24 @@ class Scheduler:
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
         return output
+
+    def _speculating(self) -> bool:
+        """Whether this step verifies and proposes drafts (off for large batches)."""
+        if not self.num_speculative_tokens:
+            return False
+        limit = self.spec_disable_batch_size
+        return limit is None or len(self.running) + len(self.waiting) < limit
+
+    def _drafts_to_verify(self, request: Request, budget: int) -> list[int]:
+        """The request's drafts, cut to what the budget, the context and max_tokens allow
+        (a draft past the last token the request may produce would be thrown away)."""
+        drafts = request.spec_token_ids
+        if not drafts or request.num_tokens - request.num_computed_tokens != 1:
+            return []
+        room = min(budget - 1, self.max_model_len - request.num_tokens)
+        if request.max_tokens is not None:
+            room = min(room, request.max_tokens - request.num_output_tokens - 1)
+        return drafts[: max(room, 0)]
 
     def _cap_chunk(self, num_new: int, budget: int) -> int:
         if 0 < self.long_prefill_token_threshold < num_new:
@@ -340,6 +387,8 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        request.spec_token_ids = []
+        self._kept_blocks.pop(request.request_id, None)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -378,6 +427,7 @@ class Scheduler:
         """Append sampled tokens, apply stop conditions, publish full blocks, free finished."""
         row = {rid: i for i, rid in enumerate(model_runner_output.req_ids)}
         sampled_rows = model_runner_output.sampled_token_ids
+        draft_rows = model_runner_output.spec_token_ids
         logprob_rows = model_runner_output.logprobs
         # Requests the scheduler itself finished while scheduling this step come first.
         outputs, self._pending_outputs = self._pending_outputs, []
@@ -400,6 +450,9 @@ class Scheduler:
             i = row.get(rid)
             sampled = sampled_rows[i] if i is not None else []
             new_token_ids: list[int] = []
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
+            if drafts and sampled:
+                self._roll_back_rejected(request, len(drafts), len(sampled) - 1)
             # Tokens sampled in the middle of a chunked prefill are meaningless.
             if sampled and request.num_computed_tokens >= request.num_tokens:
                 for token_id in sampled:
@@ -415,6 +468,8 @@ class Scheduler:
             if request.is_finished:
                 self._free_request(request)
                 finished_ids.add(rid)
+            elif i is not None and i < len(draft_rows) and new_token_ids:
+                request.spec_token_ids = list(draft_rows[i])
             if new_token_ids or request.is_finished or prompt_logprobs:
                 outputs.append(
                     self._make_output(request, new_token_ids, new_logprobs, prompt_logprobs)
@@ -422,6 +477,25 @@ class Scheduler:
         if finished_ids:
             self.running = [r for r in self.running if r.request_id not in finished_ids]
         return outputs
+
+    def _roll_back_rejected(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """Un-compute the rejected drafts and free the blocks that held only them.
+
+        The scheduler counted every draft as computed when it scheduled them; only
+        the accepted ones (and the token before them) have valid KV.  Blocks past the
+        accepted tokens plus the drafter's lookahead slots go back to the pool."""
+        request.num_computed_tokens -= num_drafts - num_accepted
+        if self.spec_stats is not None:
+            self.spec_stats.observe_draft(num_drafts, num_accepted)
+        if request.spec_decode is None:
+            request.spec_decode = RequestSpecDecodeStats()
+        request.spec_decode.observe_draft(num_drafts, num_accepted)
+        before = len(self.kv_cache_manager.req_to_blocks.get(request.request_id, ()))
+        kept = self.kv_cache_manager.trim_blocks(
+            request, request.num_computed_tokens + self.num_lookahead_tokens
+        )
+        if kept < before:
+            self._kept_blocks[request.request_id] = kept
 
     @staticmethod
     def _make_output(
@@ -439,6 +513,7 @@ class Scheduler:
             new_logprobs=new_logprobs,
             new_prompt_logprobs=prompt_logprobs,
             num_preemptions=request.num_preemptions,
+            spec_decode=request.spec_decode,
         )
 
     # -- state for the engine loop and metrics -----------------------------------
@@ -465,4 +540,5 @@ class Scheduler:
             prefix_cache_queries=prefix.queries,
             prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions,
+            spec_decoding_stats=self.spec_stats.copy() if self.spec_stats else None,
         )

@@ -21,6 +21,7 @@ from minivllm.config.logging import LoggingConfig
 from minivllm.config.observability import ObservabilityConfig
 from minivllm.config.profiler import ProfilerConfig
 from minivllm.config.quantization import GGUFConfig, get_quant_config
+from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.unsupported.aux_output import AuxOutputConfig
 from minivllm.config.unsupported.diffusion import DiffusionConfig
 from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
@@ -32,7 +33,6 @@ from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaBackendEnum, MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig, UVAOffloadConfig
 from minivllm.config.unsupported.reasoning import ReasoningConfig
-from minivllm.config.unsupported.speculative import SpeculativeConfig
 from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig

@@ -110,4 +110,42 @@ class SchedulerStats:
     """Cumulative speculative decoding counts; None when speculation is off."""
 
 
-__all__ = ["RequestSpecDecodeStats", "SchedulerStats", "SpecDecodingStats"]
+@dataclass
+class FinishedRequestStats:
+    """What the metrics need to know about one finished request (all its completions)."""
+
+    finish_reason: str
+    e2e_latency: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    queue_time: float = 0.0
+    """Arrival to the start of the first step that computed any of its tokens."""
+    prefill_time: float = 0.0
+    """That step's start to the first token."""
+    decode_time: float = 0.0
+    """First token to last token."""
+    inference_time: float = 0.0
+    """First scheduled step's start to the last token (prefill + decode)."""
+    n: int = 1
+    max_tokens: int | None = None
+
+
+@dataclass
+class IterationStats:
+    """Token counts and latencies produced by one engine step (or one batch of aborts)."""
+
+    num_prompt_tokens: int = 0
+    """Prompt tokens of requests that produced their first token in this step."""
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+__all__ = [
+    "FinishedRequestStats",
+    "IterationStats",
+    "RequestSpecDecodeStats",
+    "SchedulerStats",
+    "SpecDecodingStats",
+]

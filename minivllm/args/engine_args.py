@@ -29,6 +29,7 @@ from minivllm.args.sizes import human_readable_int, human_readable_int_or_auto
 from minivllm.config.cache import CacheConfig
 from minivllm.config.device import DeviceConfig
 from minivllm.config.load import LoadConfig
+from minivllm.config.logging import LoggingConfig
 from minivllm.config.model import ModelConfig
 from minivllm.config.parallel import ParallelConfig
 from minivllm.config.scheduler import SchedulerConfig
@@ -72,6 +73,11 @@ TARGETS = [
     ConfigTarget("device_config", DeviceConfig),
     # LoadConfig.device (None: the model's device) is not the --device of DeviceConfig.
     ConfigTarget("load_config", LoadConfig, exclude=frozenset({"device"})),
+    ConfigTarget(
+        "logging_config",
+        LoggingConfig,
+        only=frozenset({"disable_log_stats", "log_stats_interval_s"}),
+    ),
     ConfigTarget("", VllmConfig, only=ROOT_FIELDS),
 ]
 """Which configs feed `EngineArgs`, in build order (a field two configs share belongs to

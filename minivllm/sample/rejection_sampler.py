@@ -1,22 +1,28 @@
-"""Verification of draft tokens (speculative decoding), greedy and by rejection sampling.
+"""Verification of draft tokens (speculative decoding), greedy and random.
 
 The target model scores a request's last token and its ``k`` drafts in one forward,
 which gives ``k + 1`` rows of logits.  Row ``t`` goes through the same pipeline as
 the sampler's single row (constraints, penalties over the outputs so far plus the
-drafts before ``t``, temperature, min-p, top-k/top-p); then:
+drafts before ``t``, temperature, min-p, top-k/top-p), and yields the token the
+target picks at that position: the argmax for greedy requests, and for random ones
+a draw by the exponential race the sampler uses, ``argmax(p / E)`` with
+``E ~ Exp(1)`` per vocabulary entry.  Drafts are accepted while each equals the
+target's pick; the pick at the first mismatch (or after the last draft, a bonus
+token) ends the step.
 
-- greedy rows accept drafts while each equals the row's argmax, and add the argmax of
-  the first mismatching row (or of the last row, a bonus token): exactly the tokens
-  greedy decoding without drafts would produce;
-- random rows accept draft ``d`` with probability ``min(1, p(d) / q(d))`` (``q`` is the
-  drafter's distribution, one-hot for a deterministic drafter), and on rejection
-  draw from ``max(p - q, 0)`` normalised; if every draft is accepted the last row's
-  ``p`` gives a bonus token.  The tokens produced are distributed as sampling from
-  the target alone (Leviathan et al., 2023; Chen et al., 2023).
+This is rejection sampling with the draft and the target sharing their randomness:
+a draft ``d`` is accepted with probability ``p(d)`` when the drafter is
+deterministic (n-gram lookup, greedy drafting), exactly the standard rule
+``min(1, p(d) / q(d))`` for a one-hot ``q``, and a rejected position yields a draw
+from ``p`` without ``d``, the standard residual.  A draft model that samples draws
+its draft at position ``m`` with the same noise ``E_m`` as the target's pick there,
+so the pair is coupled (accepted whenever both races pick the same token).  Either
+way every emitted token is exactly the token sampling from the target alone would
+give with the same noise, so the output distribution is the target's.
 
-A seeded request draws from a generator keyed by (seed, number of tokens it has
-generated), so its output depends on its seed and prompt only: not on the batch, the
-step boundaries or a preemption.
+The noise of a seeded request at output position ``m`` comes from a generator keyed
+by ``(seed, m)``, so its tokens depend on its seed and prompt only: not on the
+batch, the step boundaries, how many drafts were verified, or a preemption.
 """
 
 from __future__ import annotations
@@ -84,16 +90,24 @@ def target_probs(
     return argmax, x.softmax(dim=-1)
 
 
+def position_noise(
+    seed: int, position: int, vocab_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """The ``Exp(1)`` noise of a seeded request at output ``position`` ([vocab])."""
+    generator = position_generator(seed, position, device)
+    return torch.empty(vocab_size, device=device).exponential_(generator=generator)
+
+
 def verify(
     logits: torch.Tensor,
     states: Sequence[SamplingState],
     drafts: Sequence[list[int]],
     vocab_size: int,
-    draft_probs: Sequence[torch.Tensor | None] | None = None,
+    draft_noise: Sequence[torch.Tensor | None] | None = None,
 ) -> VerifyOutput:
     """Verify each request's drafts; ``logits`` has ``1 + len(drafts[i])`` rows per
-    request, in order.  ``draft_probs[i]`` is ``[len(drafts[i]), vocab]`` (the
-    drafter's distributions) or None for a deterministic drafter."""
+    request, in order.  ``draft_noise[i]`` (``[len(drafts[i]), vocab]`` or None) is the
+    noise an unseeded request's drafter sampled its drafts with, reused here."""
     device = logits.device
     rows: list[_Row] = []
     for state, req_drafts in zip(states, drafts, strict=True):
@@ -105,36 +119,25 @@ def verify(
     meta = SamplingMetadata.build(rows, vocab_size, device)
     assert logits.shape[0] == len(rows), "one logits row per verified position"
     raw_logprobs = compute_logprobs(logits) if meta.max_num_logprobs is not None else None
-    argmax_t, probs = target_probs(logits, meta)
-    argmax = argmax_t.tolist()
+    argmax, probs = target_probs(logits, meta)
+    picks = argmax
+    if probs is not None:
+        noise = _noise(states, drafts, probs, draft_noise)
+        picks = torch.where(
+            _random_rows(states, drafts, device), (probs / noise).argmax(-1), argmax
+        )
+    pick_list = picks.tolist()
 
     token_ids: list[list[int]] = []
     start = 0
-    for i, (state, req_drafts) in enumerate(zip(states, drafts, strict=True)):
-        params = state.sampling_params
-        if params.temperature < SAMPLING_EPS:
-            out = _verify_greedy(argmax[start : start + len(req_drafts) + 1], req_drafts)
-        else:
-            assert probs is not None
-            q = draft_probs[i] if draft_probs is not None else None
-            generator = position_generator(params.seed, len(state.output_token_ids), device)
-            out = _verify_random(
-                probs[start : start + len(req_drafts) + 1], req_drafts, q, generator
-            )
-        token_ids.append(out)
+    for req_drafts in drafts:
+        token_ids.append(_accept(pick_list[start : start + len(req_drafts) + 1], req_drafts))
         start += len(req_drafts) + 1
 
     logprobs: list[list[object] | None] = [None] * len(states)
     if raw_logprobs is not None:
         assert meta.max_num_logprobs is not None
-        chosen = list(argmax)
-        start = 0
-        for req_drafts, out in zip(drafts, token_ids, strict=True):
-            chosen[start : start + len(out)] = out
-            start += len(req_drafts) + 1
-        tensors = gather_logprobs(
-            raw_logprobs, meta.max_num_logprobs, torch.tensor(chosen, device=device)
-        )
+        tensors = gather_logprobs(raw_logprobs, meta.max_num_logprobs, picks)
         entries = tensors.to_entries(meta.num_logprobs)
         start = 0
         for i, (req_drafts, out) in enumerate(zip(drafts, token_ids, strict=True)):
@@ -144,40 +147,49 @@ def verify(
     return VerifyOutput(token_ids, logprobs)
 
 
-def _verify_greedy(argmax: list[int], drafts: list[int]) -> list[int]:
-    out: list[int] = []
-    for t, draft in enumerate(drafts):
-        out.append(argmax[t])
-        if argmax[t] != draft:
-            return out
-    out.append(argmax[len(drafts)])
-    return out
+def _random_rows(
+    states: Sequence[SamplingState], drafts: Sequence[list[int]], device: torch.device
+) -> torch.Tensor:
+    flags = [
+        state.sampling_params.temperature >= SAMPLING_EPS
+        for state, req_drafts in zip(states, drafts, strict=True)
+        for _ in range(len(req_drafts) + 1)
+    ]
+    return torch.tensor(flags, dtype=torch.bool, device=device)
 
 
-def _verify_random(
+def _noise(
+    states: Sequence[SamplingState],
+    drafts: Sequence[list[int]],
     probs: torch.Tensor,
-    drafts: list[int],
-    draft_probs: torch.Tensor | None,
-    generator: torch.Generator | None,
-) -> list[int]:
-    """Rejection sampling over one request's rows (``probs``: ``[k + 1, vocab]``)."""
-    k = len(drafts)
-    uniforms = torch.rand(k, generator=generator, device=probs.device).tolist() if k else []
-    out: list[int] = []
+    draft_noise: Sequence[torch.Tensor | None] | None,
+) -> torch.Tensor:
+    """``Exp(1)`` noise per row: keyed by position for seeded requests, the drafter's
+    own for drafts it sampled, fresh otherwise."""
+    noise = torch.empty_like(probs).exponential_()
+    vocab_size = probs.shape[1]
+    start = 0
+    for i, (state, req_drafts) in enumerate(zip(states, drafts, strict=True)):
+        params = state.sampling_params
+        num_rows = len(req_drafts) + 1
+        if params.temperature >= SAMPLING_EPS:
+            if params.seed is not None:
+                first = len(state.output_token_ids)
+                for t in range(num_rows):
+                    noise[start + t] = position_noise(
+                        params.seed, first + t, vocab_size, probs.device
+                    )
+            elif draft_noise is not None and draft_noise[i] is not None:
+                used = draft_noise[i]
+                assert used is not None
+                noise[start : start + used.shape[0]] = used
+        start += num_rows
+    return noise
+
+
+def _accept(picks: list[int], drafts: list[int]) -> list[int]:
+    """The target's picks up to the first one that differs from its draft."""
     for t, draft in enumerate(drafts):
-        p = probs[t]
-        q_draft = 1.0 if draft_probs is None else float(draft_probs[t, draft])
-        if uniforms[t] * q_draft < float(p[draft]):
-            out.append(draft)
-            continue
-        if draft_probs is None:
-            residual = p.clone()
-            residual[draft] = 0.0
-        else:
-            residual = (p - draft_probs[t]).clamp_min_(0.0)
-        if float(residual.sum()) <= 0.0:
-            residual = p  # p == q: any draw from p is exact
-        out.append(int(torch.multinomial(residual, 1, generator=generator)))
-        return out
-    out.append(int(torch.multinomial(probs[k], 1, generator=generator)))
-    return out
+        if picks[t] != draft:
+            return picks[: t + 1]
+    return picks[: len(drafts) + 1]

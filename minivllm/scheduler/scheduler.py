@@ -129,7 +129,8 @@ class Scheduler:
         # Speculative decoding may reserve part of the batch: the scheduler hands out
         # max_num_scheduled_tokens when the config sets it (None: the whole budget).
         budget = sched.max_num_scheduled_tokens or sched.max_num_batched_tokens
-        spec = vllm_config.speculative_config
+        # Configs without the speculative fields (older stand-ins) mean no speculation.
+        spec = getattr(vllm_config, "speculative_config", None)
         return cls(
             manager,
             max_num_seqs=sched.max_num_seqs,
@@ -141,7 +142,7 @@ class Scheduler:
             max_num_partial_prefills=sched.max_num_partial_prefills,
             max_long_partial_prefills=sched.max_long_partial_prefills,
             reserve_full_isl=sched.scheduler_reserve_full_isl,
-            num_lookahead_tokens=vllm_config.num_lookahead_tokens,
+            num_lookahead_tokens=vllm_config.num_lookahead_tokens if spec else 0,
             num_speculative_tokens=vllm_config.num_speculative_tokens if spec else 0,
             spec_disable_batch_size=spec.disable_by_batch_size if spec else None,
         )

@@ -219,8 +219,8 @@ class ModelRunner:
         if inputs.sample_req_ids:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             states = [self.states[r] for r in inputs.sample_req_ids]
-            draft_probs = self.spec.take_draft_probs(inputs.sample_req_ids, inputs.sample_drafts)
-            out = verify(logits, states, inputs.sample_drafts, self.vocab_size, draft_probs)
+            noise = self.spec.take_draft_noise(inputs.sample_req_ids, inputs.sample_drafts)
+            out = verify(logits, states, inputs.sample_drafts, self.vocab_size, noise)
             for state, tokens, entry in zip(states, out.token_ids, out.logprobs, strict=True):
                 state.output_token_ids.extend(tokens)
                 sampled[state.req_id] = tokens

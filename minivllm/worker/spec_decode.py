@@ -20,7 +20,7 @@ from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.paged_kv import allocate_kv_caches, kv_cache_bytes_per_block
 from minivllm.logger import init_logger
 from minivllm.model_executor.loader import load_model
-from minivllm.sample.rejection_sampler import position_generator
+from minivllm.sample.rejection_sampler import position_noise
 from minivllm.sampling_params import SAMPLING_EPS
 from minivllm.worker.input_batch import CachedRequestState
 from minivllm.worker.ngram_proposer import NgramProposer
@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
 
 logger = init_logger(__name__)
-
-_DRAFT_SALT = 0x5EED
-"""Keeps a seeded request's draft draws apart from its verification draws."""
 
 
 class SpecDecoder:
@@ -55,7 +52,8 @@ class SpecDecoder:
         self.attn_layers: dict[str, Any] = {}
         self.kv_caches: list[torch.Tensor] = []
         # Per request: positions whose draft KV is valid, the drafts last proposed and
-        # (probabilistic drafting) the draft distributions they were drawn from.
+        # (unseeded random requests) the noise they were drawn with, which the
+        # verification reuses so that draft and target share their randomness.
         self.num_computed: dict[str, int] = {}
         self.proposed: dict[str, tuple[list[int], torch.Tensor | None]] = {}
 
@@ -124,17 +122,18 @@ class SpecDecoder:
         self.num_computed.pop(req_id, None)
         self.proposed.pop(req_id, None)
 
-    def take_draft_probs(
+    def take_draft_noise(
         self, req_ids: list[str], drafts: list[list[int]]
     ) -> list[torch.Tensor | None] | None:
-        """The draft distributions of the drafts verified now (None: all one-hot)."""
+        """The noise the drafts verified now were sampled with (None where the draft
+        is deterministic or the request seeded, whose noise is keyed by position)."""
         if self.model is None:
             return None
         out: list[torch.Tensor | None] = []
         for req_id, req_drafts in zip(req_ids, drafts, strict=True):
-            tokens, probs = self.proposed.pop(req_id, ([], None))
-            ok = probs is not None and req_drafts and tokens[: len(req_drafts)] == req_drafts
-            out.append(probs[: len(req_drafts)] if ok else None)  # type: ignore[index]
+            tokens, noise = self.proposed.pop(req_id, ([], None))
+            ok = noise is not None and req_drafts and tokens[: len(req_drafts)] == req_drafts
+            out.append(noise[: len(req_drafts)] if ok else None)  # type: ignore[index]
         return out
 
     def propose(self, states: list[CachedRequestState], k: int) -> dict[str, list[int]]:
@@ -163,7 +162,7 @@ class SpecDecoder:
         if not jobs:
             return {}
         drafts: dict[str, list[int]] = {s.req_id: [] for s, _ in jobs}
-        probs: dict[str, list[torch.Tensor]] = {s.req_id: [] for s, _ in jobs}
+        noises: dict[str, list[torch.Tensor]] = {s.req_id: [] for s, _ in jobs}
         # First forward: every token the drafter has not seen (at least the newest).
         items = []
         for state, _ in jobs:
@@ -173,10 +172,10 @@ class SpecDecoder:
             logits = self._forward(items)
             next_items = []
             for (state, start, tokens), row in zip(items, logits, strict=True):
-                token, q = self._draw(state, row, len(drafts[state.req_id]))
+                token, noise = self._draw(state, row, len(drafts[state.req_id]))
                 drafts[state.req_id].append(token)
-                if q is not None:
-                    probs[state.req_id].append(q)
+                if noise is not None:
+                    noises[state.req_id].append(noise)
                 self.num_computed[state.req_id] = start + len(tokens)
                 room = next(r for s, r in jobs if s is state)
                 if step + 1 < room:
@@ -186,19 +185,24 @@ class SpecDecoder:
                 break
         for state, _ in jobs:
             rid = state.req_id
-            self.proposed[rid] = (drafts[rid], torch.stack(probs[rid]) if probs[rid] else None)
+            self.proposed[rid] = (drafts[rid], torch.stack(noises[rid]) if noises[rid] else None)
         return drafts
 
     def _draw(
         self, state: CachedRequestState, logits: torch.Tensor, index: int
     ) -> tuple[int, torch.Tensor | None]:
+        """The draft token at the request's next output position + ``index``, and the
+        noise it was drawn with when the verification cannot recompute it."""
         params = state.sampling_params
         if params.temperature < SAMPLING_EPS or self.spec.draft_sample_method == "greedy":
             return int(logits.argmax()), None
         q = (logits.float() / params.temperature).softmax(dim=-1)
-        position = len(state.output_token_ids) + index
-        generator = position_generator(params.seed, position, self.device, _DRAFT_SALT)
-        return int(torch.multinomial(q, 1, generator=generator)), q
+        if params.seed is not None:
+            position = len(state.output_token_ids) + index
+            noise = position_noise(params.seed, position, q.shape[0], self.device)
+            return int((q / noise).argmax()), None
+        noise = torch.empty_like(q).exponential_()
+        return int((q / noise).argmax()), noise
 
     def _forward(self, items: list[tuple[CachedRequestState, int, list[int]]]) -> torch.Tensor:
         """The draft's logits after the last token of each item (start, tokens)."""

@@ -243,6 +243,12 @@ class Scheduler:
             block_ids = self.kv_cache_manager.allocate_slots(
                 request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
             )
+            if block_ids is None and request.request_id in spec_tokens:
+                # Drafts are optional: without them the request may still fit.
+                num_new -= len(spec_tokens.pop(request.request_id))
+                block_ids = self.kv_cache_manager.allocate_slots(
+                    request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
+                )
             while block_ids is None:
                 victim = self._pick_victim()
                 if victim is request and len(self.running) == 1:

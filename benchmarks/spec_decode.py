@@ -120,6 +120,8 @@ def main() -> None:
         optimization_level=args.optimization_level,
         max_model_len=1024,
         max_num_seqs=max(args.batch, 8),
+        # Three engines share the machine: enough KV for the batch, not the default 1 GiB.
+        kv_cache_memory_bytes=512 * 2**20,
     )
     spec = {
         "method": "ngram",

@@ -77,6 +77,10 @@ class SpecDecoder:
             )
         self.model_config = mc
         self.spec.draft_model_config = mc
+        self.spec.target_model_config = target
+        # Past its own context the draft's guesses are worthless: stop drafting there.
+        if mc.max_model_len is not None:
+            self.max_model_len = min(self.max_model_len, mc.max_model_len)
         logger.info("speculative decoding: loading the draft model %s", mc.model)
         # Loaded outside the current config, so its attention layers stay out of the
         # target's forward context (same layer names).

@@ -29,7 +29,8 @@ from minivllm.scheduler.output import (
 )
 from minivllm.scheduler.request import Request, RequestStatus, check_stop
 from minivllm.scheduler.request_queue import SCHEDULING_POLICIES, make_request_queue
-from minivllm.stats import RequestSpecDecodeStats, SchedulerStats, SpecDecodingStats
+from minivllm.scheduler.spec_decode import SpecDecodeState
+from minivllm.stats import SchedulerStats
 
 logger = init_logger(__name__)
 
@@ -97,14 +98,16 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self._pending_outputs: list[EngineCoreOutput] = []
-        # Speculative decoding: drafts per step, and the batch size that turns it off.
-        self.num_speculative_tokens = num_speculative_tokens
-        self.spec_disable_batch_size = spec_disable_batch_size
-        self.spec_stats = (
-            SpecDecodingStats(num_speculative_tokens) if num_speculative_tokens else None
-        )
-        # Block-table lengths to send the worker after rejected drafts' blocks were freed.
-        self._kept_blocks: dict[str, int] = {}
+        # Speculative decoding: draft limits, rollback, acceptance counts (None: off).
+        self.spec: SpecDecodeState | None = None
+        if num_speculative_tokens:
+            self.spec = SpecDecodeState(
+                kv_cache_manager,
+                num_speculative_tokens=num_speculative_tokens,
+                num_lookahead_tokens=num_lookahead_tokens,
+                disable_batch_size=spec_disable_batch_size,
+                max_model_len=max_model_len,
+            )
 
     @classmethod
     def from_config(cls, vllm_config: SchedulingConfig, num_blocks: int) -> Scheduler:
@@ -212,7 +215,8 @@ class Scheduler:
 
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
-        self._kept_blocks.pop(request.request_id, None)
+        if self.spec is not None:
+            self.spec.forget(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
 
@@ -226,13 +230,14 @@ class Scheduler:
         scheduled_new: list[Request] = []
         preempted_any = False
         spec_tokens: dict[str, list[int]] = {}
-        use_spec = self._speculating()
+        spec = self.spec
+        use_spec = spec is not None and spec.speculating(len(self.running) + len(self.waiting))
 
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
             num_new = self._cap_chunk(request.num_tokens - request.num_computed_tokens, budget)
-            drafts = self._drafts_to_verify(request, budget) if use_spec else []
+            drafts = spec.drafts_to_verify(request, budget) if spec and use_spec else []
             request.spec_token_ids = []
             if drafts and num_new == 1:
                 spec_tokens[request.request_id] = drafts
@@ -348,14 +353,15 @@ class Scheduler:
                 new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
                 num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
                 num_kept_blocks=[
-                    self._kept_blocks.pop(r.request_id, None) for r in scheduled_running
+                    spec.kept_blocks.pop(r.request_id, None) if spec else None
+                    for r in scheduled_running
                 ],
             ),
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
             scheduled_spec_decode_tokens=spec_tokens,
-            num_spec_tokens_to_propose=self.num_speculative_tokens if use_spec else 0,
+            num_spec_tokens_to_propose=spec.num_speculative_tokens if spec and use_spec else 0,
         )
         self.finished_req_ids = set()
         # Scheduled tokens count as computed from now on, so the next schedule() (which may
@@ -363,24 +369,6 @@ class Scheduler:
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
         return output
-
-    def _speculating(self) -> bool:
-        """Whether this step verifies and proposes drafts (off for large batches)."""
-        if not self.num_speculative_tokens:
-            return False
-        limit = self.spec_disable_batch_size
-        return limit is None or len(self.running) + len(self.waiting) < limit
-
-    def _drafts_to_verify(self, request: Request, budget: int) -> list[int]:
-        """The request's drafts, cut to what the budget, the context and max_tokens allow
-        (a draft past the last token the request may produce would be thrown away)."""
-        drafts = request.spec_token_ids
-        if not drafts or request.num_tokens - request.num_computed_tokens != 1:
-            return []
-        room = min(budget - 1, self.max_model_len - request.num_tokens)
-        if request.max_tokens is not None:
-            room = min(room, request.max_tokens - request.num_output_tokens - 1)
-        return drafts[: max(room, 0)]
 
     def _cap_chunk(self, num_new: int, budget: int) -> int:
         if 0 < self.long_prefill_token_threshold < num_new:
@@ -394,8 +382,8 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
-        request.spec_token_ids = []
-        self._kept_blocks.pop(request.request_id, None)
+        if self.spec is not None:
+            self.spec.forget(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -458,8 +446,8 @@ class Scheduler:
             sampled = sampled_rows[i] if i is not None else []
             new_token_ids: list[int] = []
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
-            if drafts and sampled:
-                self._roll_back_rejected(request, len(drafts), len(sampled) - 1)
+            if drafts and sampled and self.spec is not None:
+                self.spec.roll_back(request, len(drafts), len(sampled) - 1)
             # Tokens sampled in the middle of a chunked prefill are meaningless.
             if sampled and request.num_computed_tokens >= request.num_tokens:
                 for token_id in sampled:
@@ -484,25 +472,6 @@ class Scheduler:
         if finished_ids:
             self.running = [r for r in self.running if r.request_id not in finished_ids]
         return outputs
-
-    def _roll_back_rejected(self, request: Request, num_drafts: int, num_accepted: int) -> None:
-        """Un-compute the rejected drafts and free the blocks that held only them.
-
-        The scheduler counted every draft as computed when it scheduled them; only
-        the accepted ones (and the token before them) have valid KV.  Blocks past the
-        accepted tokens plus the drafter's lookahead slots go back to the pool."""
-        request.num_computed_tokens -= num_drafts - num_accepted
-        if self.spec_stats is not None:
-            self.spec_stats.observe_draft(num_drafts, num_accepted)
-        if request.spec_decode is None:
-            request.spec_decode = RequestSpecDecodeStats()
-        request.spec_decode.observe_draft(num_drafts, num_accepted)
-        before = len(self.kv_cache_manager.req_to_blocks.get(request.request_id, ()))
-        kept = self.kv_cache_manager.trim_blocks(
-            request, request.num_computed_tokens + self.num_lookahead_tokens
-        )
-        if kept < before:
-            self._kept_blocks[request.request_id] = kept
 
     @staticmethod
     def _make_output(
@@ -547,5 +516,5 @@ class Scheduler:
             prefix_cache_queries=prefix.queries,
             prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions,
-            spec_decoding_stats=self.spec_stats.copy() if self.spec_stats else None,
+            spec_decoding_stats=self.spec.stats.copy() if self.spec else None,
         )

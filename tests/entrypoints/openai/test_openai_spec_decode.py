@@ -17,7 +17,9 @@ PROMPT = "one two three four, one two three four, one two three four, one two"
 
 @pytest.fixture(scope="module")
 def spec_server() -> Iterator[RemoteServer]:
-    remote = RemoteServer("--speculative-config", json.dumps(SPEC), num_gpu_blocks=128)
+    remote = RemoteServer(
+        "--speculative-config", json.dumps(SPEC), max_model_len=512, num_gpu_blocks=64
+    )
     try:
         remote.wait_ready()
         yield remote

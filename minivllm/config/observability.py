@@ -37,7 +37,8 @@ class ObservabilityConfig:
     """Per-request speculative decoding acceptance metrics in each response: "none"
     (off), "summary" (mean acceptance length and rate, histogram of accepted drafts)
     or "detailed" (the summary plus the per-step accepted/proposed counts), in each
-    completion's ``spec_decode_metrics``. Needs speculative decoding."""
+    completion's ``spec_decode_metrics`` (offline) and each choice's
+    ``spec_decode_metrics`` (server, non-streaming). Needs speculative decoding."""
 
     def __post_init__(self) -> None:
         if not 0 < self.kv_cache_metrics_sample <= 1:

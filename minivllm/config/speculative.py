@@ -63,8 +63,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     """Shortest n-gram the n-gram proposer matches (None: ``prompt_lookup_max``, or 5)."""
     disable_by_batch_size: int | None = None
-    """Speculate only while fewer requests than this run (>= 2); None: always.  Large
-    batches are compute-bound, where verifying drafts costs more than it saves."""
+    """Speculate only while fewer requests than this are running or waiting (>= 2);
+    None: always.  Large batches are compute-bound, where verifying drafts costs
+    more than it saves."""
     disable_padded_drafter_batch: bool = False
     """Do not pad the drafter's batch (minivllm's drafter never pads, so either value
     behaves the same)."""

@@ -1,5 +1,6 @@
 """`minivllm serve --speculative-config ...`: the server speculates, streams the
-verified tokens, and reports vLLM's speculative decoding counters on /metrics."""
+verified tokens, reports each request's acceptance in its choice, and vLLM's
+speculative decoding counters on /metrics."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ PROMPT = "one two three four, one two three four, one two three four, one two"
 @pytest.fixture(scope="module")
 def spec_server() -> Iterator[RemoteServer]:
     remote = RemoteServer(
-        "--speculative-config", json.dumps(SPEC), max_model_len=512, num_gpu_blocks=64
+        "--speculative-config",
+        json.dumps(SPEC),
+        "--observability-config.per_request_spec_decode_metrics",
+        "summary",
+        max_model_len=512,
+        num_gpu_blocks=64,
     )
     try:
         remote.wait_ready()
@@ -32,6 +38,9 @@ def test_server_speculates_and_counts_it(spec_server: RemoteServer) -> None:
     plain = httpx.post(f"{spec_server.url}/v1/completions", json=body, timeout=120).json()
     text = plain["choices"][0]["text"]
     assert plain["usage"]["completion_tokens"] == 24
+    # Per-request acceptance (per_request_spec_decode_metrics=summary) in the choice.
+    mine = plain["choices"][0]["spec_decode_metrics"]
+    assert mine["num_drafts"] > 0 and 0 <= mine["acceptance_rate"] <= 1
     # Streaming carries the same text (several tokens may arrive per step).
     pieces = []
     with httpx.stream(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -82,6 +83,10 @@ class CompletionOutput:
     """None while running, then "stop", "length", "abort" or "error"."""
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended it; None for EOS or length."""
+    spec_decode_metrics: dict[str, Any] | None = None
+    """Speculative decoding acceptance of this completion so far, when
+    ``per_request_spec_decode_metrics`` is "summary" or "detailed" (see
+    `RequestSpecDecodeStats.summary`); None otherwise."""
 
     def finished(self) -> bool:
         return self.finish_reason is not None

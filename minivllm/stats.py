@@ -7,7 +7,89 @@ import it without depending on each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecDecodingStats:
+    """Speculative decoding counts (cumulative over the engine's life, as vLLM's
+    counters are): a draft is one request's proposal verified in one step."""
+
+    num_spec_tokens: int
+    """Draft tokens proposed per step (the configured num_speculative_tokens)."""
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    """Accepted drafts by position in the draft (0: the first draft token)."""
+
+    def __post_init__(self) -> None:
+        if not self.num_accepted_tokens_per_pos:
+            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        for pos in range(num_accepted_tokens):
+            self.num_accepted_tokens_per_pos[pos] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted over proposed draft tokens (0 before any draft)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verification step: 1 (the target's own) + accepted drafts."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    def copy(self) -> SpecDecodingStats:
+        return SpecDecodingStats(
+            self.num_spec_tokens,
+            self.num_drafts,
+            self.num_draft_tokens,
+            self.num_accepted_tokens,
+            list(self.num_accepted_tokens_per_pos),
+        )
+
+
+@dataclass
+class RequestSpecDecodeStats:
+    """One request's speculative decoding record (per_request_spec_decode_metrics)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_step: list[tuple[int, int]] = field(default_factory=list)
+    """(accepted, proposed) for each verification step, in order."""
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        self.accepted_per_step.append((num_accepted_tokens, num_draft_tokens))
+
+    def summary(self, detailed: bool = False) -> dict[str, object]:
+        """The per-request metrics as a JSON-able dict ("summary" or "detailed")."""
+        hist: dict[int, int] = {}
+        for accepted, _ in self.accepted_per_step:
+            hist[accepted] = hist.get(accepted, 0) + 1
+        out: dict[str, object] = {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "mean_acceptance_length": (
+                1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+            ),
+            "acceptance_rate": (
+                self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+            ),
+            "accepted_histogram": {str(k): v for k, v in sorted(hist.items())},
+        }
+        if detailed:
+            out["per_step"] = [list(step) for step in self.accepted_per_step]
+        return out
 
 
 @dataclass
@@ -24,6 +106,46 @@ class SchedulerStats:
     prefix_cache_hits: int
     """Tokens found in the prefix cache."""
     num_preemptions: int
+    spec_decoding_stats: SpecDecodingStats | None = None
+    """Cumulative speculative decoding counts; None when speculation is off."""
 
 
-__all__ = ["SchedulerStats"]
+@dataclass
+class FinishedRequestStats:
+    """What the metrics need to know about one finished request (all its completions)."""
+
+    finish_reason: str
+    e2e_latency: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    queue_time: float = 0.0
+    """Arrival to the start of the first step that computed any of its tokens."""
+    prefill_time: float = 0.0
+    """That step's start to the first token."""
+    decode_time: float = 0.0
+    """First token to last token."""
+    inference_time: float = 0.0
+    """First scheduled step's start to the last token (prefill + decode)."""
+    n: int = 1
+    max_tokens: int | None = None
+
+
+@dataclass
+class IterationStats:
+    """Token counts and latencies produced by one engine step (or one batch of aborts)."""
+
+    num_prompt_tokens: int = 0
+    """Prompt tokens of requests that produced their first token in this step."""
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+__all__ = [
+    "FinishedRequestStats",
+    "IterationStats",
+    "RequestSpecDecodeStats",
+    "SchedulerStats",
+    "SpecDecodingStats",
+]

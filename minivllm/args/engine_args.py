@@ -33,6 +33,7 @@ from minivllm.args.sizes import human_readable_int, human_readable_int_or_auto
 from minivllm.config.cache import CacheConfig
 from minivllm.config.device import DeviceConfig
 from minivllm.config.load import LoadConfig
+from minivllm.config.logging import LoggingConfig
 from minivllm.config.model import ModelConfig
 from minivllm.config.parallel import ParallelConfig
 from minivllm.config.scheduler import SchedulerConfig
@@ -48,6 +49,7 @@ ROOT_FIELDS = frozenset(
         "observability_config",
         "additional_config",
         "shutdown_timeout",
+        "speculative_config",
     }
 )
 """`VllmConfig` fields that are engine arguments (the sub-configs below are built apart)."""
@@ -75,6 +77,11 @@ TARGETS = [
     ConfigTarget("device_config", DeviceConfig),
     # LoadConfig.device (None: the model's device) is not the --device of DeviceConfig.
     ConfigTarget("load_config", LoadConfig, exclude=frozenset({"device"})),
+    ConfigTarget(
+        "logging_config",
+        LoggingConfig,
+        only=frozenset({"disable_log_stats", "log_stats_interval_s"}),
+    ),
     ConfigTarget("", VllmConfig, only=ROOT_FIELDS),
 ]
 """Which configs feed `EngineArgs`, in build order (a field two configs share belongs to
@@ -113,6 +120,10 @@ class EngineArgs:
     enable_prefix_caching: bool | None = None
     """Reuse KV blocks of identical prompt prefixes across requests. None (as in vLLM):
     decided per model when the config is built (on for every model minivllm runs)."""
+
+    speculative_config: dict[str, Any] | None = None
+    """Speculative decoding as a JSON object, e.g. ``{"method": "ngram",
+    "num_speculative_tokens": 3}`` (see `SpeculativeConfig`); None: off."""
 
     def __post_init__(self) -> None:
         # A config-valued argument is always a config object, as in vLLM: None gives the

@@ -36,8 +36,9 @@ class ObservabilityConfig:
     per_request_spec_decode_metrics: PerRequestSpecDecodeMetrics = "none"
     """Per-request speculative decoding acceptance metrics in each response: "none"
     (off), "summary" (mean acceptance length and rate, histogram of accepted drafts)
-    or "detailed" (the summary plus the per-step accepted/proposed counts). Needs
-    speculative decoding, which minivllm lacks, so only "none" is usable here."""
+    or "detailed" (the summary plus the per-step accepted/proposed counts), in each
+    completion's ``spec_decode_metrics`` (offline) and each choice's
+    ``spec_decode_metrics`` (server, non-streaming). Needs speculative decoding."""
 
     def __post_init__(self) -> None:
         if not 0 < self.kv_cache_metrics_sample <= 1:

@@ -65,6 +65,15 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
             "per_request_spec_decode_metrics needs speculative decoding, which is off; "
             "set it to 'none'."
         )
+    pc = cfg.parallel_config
+    if cfg.speculative_config is not None and pc.world_size > 1:
+        # The verification path keeps sampled tokens on the output rank only.
+        raise ValueError(
+            "speculative decoding is not supported by minivllm yet with tensor or pipeline "
+            f"parallelism (tensor_parallel_size={pc.tensor_parallel_size}, "
+            f"pipeline_parallel_size={pc.pipeline_parallel_size}); drop --speculative-config "
+            "or run on one process."
+        )
     rules.warn_turing_fp32(cfg)
     with _step(prov, "rule", "enforce_eager", "enforce_eager turns compile and graphs off"):
         rules.apply_enforce_eager(cfg)

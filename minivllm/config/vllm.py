@@ -57,6 +57,7 @@ from minivllm.config.provenance import Provenance
 from minivllm.config.quantization import QuantizationConfig, get_quant_config
 from minivllm.config.resolution import resolve
 from minivllm.config.scheduler import SchedulerConfig
+from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.unsupported.aux_output import AuxOutputConfig
 from minivllm.config.unsupported.diffusion import DiffusionConfig
 from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
@@ -68,7 +69,6 @@ from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig
 from minivllm.config.unsupported.reasoning import ReasoningConfig
-from minivllm.config.unsupported.speculative import SpeculativeConfig
 from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
@@ -144,7 +144,7 @@ class VllmConfig:
     lora_config: LoRAConfig | None = None
     """LoRA adapters (unsupported: must stay None)."""
     speculative_config: SpeculativeConfig | None = None
-    """Speculative decoding (unsupported: must stay None)."""
+    """Speculative decoding ("ngram" or "draft_model"); None: off."""
     watermark_config: WatermarkConfig | None = None
     """Text watermarking (unsupported: must stay None)."""
     diffusion_config: DiffusionConfig | None = None
@@ -235,7 +235,7 @@ class VllmConfig:
     # -- derived properties ------------------------------------------------------
     @property
     def num_speculative_tokens(self) -> int:
-        """Draft tokens per step (0: no speculative decoding, which minivllm lacks)."""
+        """Draft tokens per step (0: no speculative decoding)."""
         spec = self.speculative_config
         if spec is not None and spec.num_speculative_tokens is not None:
             return spec.num_speculative_tokens
@@ -252,8 +252,12 @@ class VllmConfig:
 
     @property
     def num_lookahead_tokens(self) -> int:
-        """KV slots to reserve past the scheduled tokens for a drafter (0 without one)."""
-        return 0 if self.speculative_config is None else self.num_speculative_tokens
+        """KV slots to reserve past the scheduled tokens for a drafter: a draft model
+        writes the KV of its own drafts there; n-gram lookup needs none."""
+        spec = self.speculative_config
+        if spec is None or not spec.uses_draft_model():
+            return 0
+        return self.num_speculative_tokens
 
     @property
     def num_prefill_lookahead_tokens(self) -> int:

@@ -31,7 +31,7 @@ from minivllm.engine.llm_engine import LLMEngine, PromptInput
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
-from minivllm.stats import SchedulerStats
+from minivllm.stats import FinishedRequestStats, IterationStats, SchedulerStats
 
 if TYPE_CHECKING:
     from minivllm.args.engine_args import EngineArgs
@@ -54,38 +54,6 @@ class EngineDeadError(EngineError):
 
 class EngineShutdownError(RuntimeError):
     """The engine is shutting down and accepts no new requests."""
-
-
-@dataclass
-class FinishedRequestStats:
-    """What the metrics need to know about one finished request (all its completions)."""
-
-    finish_reason: str
-    e2e_latency: float
-    num_prompt_tokens: int
-    num_generation_tokens: int
-    queue_time: float = 0.0
-    """Arrival to the start of the first step that computed any of its tokens."""
-    prefill_time: float = 0.0
-    """That step's start to the first token."""
-    decode_time: float = 0.0
-    """First token to last token."""
-    inference_time: float = 0.0
-    """First scheduled step's start to the last token (prefill + decode)."""
-    n: int = 1
-    max_tokens: int | None = None
-
-
-@dataclass
-class IterationStats:
-    """Token counts and latencies produced by one engine step (or one batch of aborts)."""
-
-    num_prompt_tokens: int = 0
-    """Prompt tokens of requests that produced their first token in this step."""
-    num_generation_tokens: int = 0
-    time_to_first_tokens: list[float] = field(default_factory=list)
-    inter_token_latencies: list[float] = field(default_factory=list)
-    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
 
 
 class StatLogger(Protocol):

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from minivllm.engine.offline_stats import OfflineStatsCollector
 from minivllm.engine.output_processor import OutputProcessor, ParentRequest
 from minivllm.executor.factory import get_executor_class
 from minivllm.logger import init_logger
@@ -47,11 +48,17 @@ class LLMEngine:
             self.tokenizer = get_tokenizer(mc.tokenizer or mc.model)
         self.executor = get_executor_class(vllm_config)(vllm_config)
         self.scheduler = Scheduler.from_config(vllm_config, self.executor.num_blocks)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(
+            self.tokenizer, vllm_config.observability_config.per_request_spec_decode_metrics
+        )
         # No tokenizer with skip_tokenizer_init; a GGUF or HF one may still lack an EOS id.
         self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
         self.max_logprobs = mc.max_logprobs
         self._ids = itertools.count()
+        # Offline statistics (LLM with disable_log_stats=False): per-step counts for the
+        # stat loggers; the server's AsyncLLM keeps its own.
+        self.stat_loggers: list[Any] = []
+        self._offline_stats: OfflineStatsCollector | None = None
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -188,10 +195,24 @@ class LLMEngine:
         runner_output = self.executor.execute_model(scheduler_output)
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self._fail_siblings(core_outputs)
+        collector = self._offline_stats
+        stats = collector.observe(core_outputs, self.output_processor) if collector else None
         outputs, stopped = self.output_processor.process_outputs(core_outputs)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        if collector is not None and stats is not None:
+            collector.finish(outputs, stats)
+            scheduler_stats = self.get_stats()
+            for stat_logger in self.stat_loggers:
+                stat_logger.record(scheduler_stats, stats)
         return outputs
+
+    def add_stat_loggers(self, stat_loggers: list[Any]) -> None:
+        """Have the engine itself feed ``stat_loggers`` after every step (offline use;
+        the server's AsyncLLM records its own, stream-timed statistics)."""
+        self.stat_loggers.extend(stat_loggers)
+        if self._offline_stats is None:
+            self._offline_stats = OfflineStatsCollector()
 
     def _fail_siblings(self, core_outputs: list[EngineCoreOutput]) -> None:
         """A failed child fails its whole request: its n > 1 siblings end with the same

@@ -15,6 +15,7 @@ from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput, make_logprobs_dict
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from minivllm.scheduler.output import EngineCoreOutput
+from minivllm.stats import RequestSpecDecodeStats
 
 
 @dataclass
@@ -51,13 +52,16 @@ class RequestState:
     sent_tokens: int = 0
     arrival_time: float = field(default_factory=time.time)
     first_token_time: float | None = None
+    spec_decode: RequestSpecDecodeStats | None = None
 
 
 class OutputProcessor:
     """Owns the `RequestState` of every live request."""
 
-    def __init__(self, tokenizer: Any | None) -> None:
+    def __init__(self, tokenizer: Any | None, spec_decode_metrics: str = "none") -> None:
         self.tokenizer = tokenizer
+        # per_request_spec_decode_metrics: "none", "summary" or "detailed".
+        self.spec_decode_metrics = spec_decode_metrics
         self.states: dict[str, RequestState] = {}
         self.parents: dict[str, ParentRequest] = {}
 
@@ -101,6 +105,12 @@ class OutputProcessor:
             return ""
         return self.tokenizer.decode([token_id])
 
+    def _spec_metrics(self, state: RequestState) -> dict[str, Any] | None:
+        if self.spec_decode_metrics == "none":
+            return None
+        stats = state.spec_decode or RequestSpecDecodeStats()
+        return stats.summary(detailed=self.spec_decode_metrics == "detailed")
+
     def process_outputs(
         self, outputs: list[EngineCoreOutput]
     ) -> tuple[list[RequestOutput], list[str]]:
@@ -118,6 +128,8 @@ class OutputProcessor:
             if eco.new_token_ids and state.first_token_time is None:
                 state.first_token_time = time.time()
             state.output_token_ids.extend(eco.new_token_ids)
+            if eco.spec_decode is not None:
+                state.spec_decode = eco.spec_decode
             self._add_logprobs(state, eco)
             self._add_prompt_logprobs(state.parent, eco)
             if eco.num_cached_tokens:
@@ -208,6 +220,7 @@ class OutputProcessor:
             logprobs=logprobs,
             finish_reason=finish_reason,
             stop_reason=stop_reason,
+            spec_decode_metrics=self._spec_metrics(state),
         )
         all_done = parent.num_finished == parent.n
         if all_done:

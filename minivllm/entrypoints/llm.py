@@ -8,6 +8,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minivllm.engine.llm_engine import LLMEngine, PromptInput
+from minivllm.entrypoints.metrics_reader import Metric, get_metrics_snapshot
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -35,8 +36,42 @@ class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         from minivllm.args.engine_args import EngineArgs
 
+        # As in vLLM, offline statistics are off unless disable_log_stats=False.
+        kwargs.setdefault("disable_log_stats", True)
         engine_args = EngineArgs(model=model, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        self._registry: Any = None
+        vllm_config = self.llm_engine.vllm_config
+        if not vllm_config.logging_config.disable_log_stats:
+            self._start_stat_loggers(vllm_config)
+
+    def _start_stat_loggers(self, vllm_config: Any) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from minivllm.engine.stat_logger import LoggingStatLogger
+        from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
+
+        mc = vllm_config.model_config
+        self._registry = CollectorRegistry()
+        prometheus = PrometheusStatLogger(
+            mc.served_model_name,
+            mc.max_model_len,
+            self._registry,
+            vllm_config.num_speculative_tokens,
+        )
+        prometheus.log_cache_config(vllm_config.cache_config)
+        periodic = LoggingStatLogger(vllm_config.logging_config.log_stats_interval_s)
+        self.llm_engine.add_stat_loggers([prometheus, periodic])
+
+    def get_metrics(self) -> list[Metric]:
+        """Every engine metric now, as `Counter` / `Gauge` / `Vector` / `Histogram`
+        objects with vLLM's names (needs ``LLM(..., disable_log_stats=False)``)."""
+        if self._registry is None:
+            raise ValueError(
+                "engine statistics are off; create the LLM with disable_log_stats=False "
+                "to read its metrics"
+            )
+        return get_metrics_snapshot(self._registry)
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.get_tokenizer()

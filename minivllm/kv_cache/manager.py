@@ -235,3 +235,22 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
+
+    def trim_blocks(self, request: KVCacheRequest, num_tokens: int) -> int:
+        """Free the request's blocks past the first ``num_tokens`` slots (tail first);
+        returns how many blocks it keeps.
+
+        Speculative decoding reserves slots for draft tokens; the blocks that held only
+        rejected drafts go back to the pool.  They were never published in the prefix
+        cache (only blocks full of accepted tokens are).
+        """
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks is None:
+            return 0
+        keep = cdiv(max(num_tokens, 0), self.block_size)
+        if len(blocks) > keep:
+            assert self.num_cached_blocks.get(request.request_id, 0) <= keep
+            tail = blocks[keep:]
+            del blocks[keep:]
+            self.block_pool.free_blocks(reversed(tail))
+        return len(blocks)

@@ -61,8 +61,24 @@ class ModelFields(Protocol):
     def max_model_len(self) -> int | None: ...
 
 
+class SpeculativeFields(Protocol):
+    """Fields of `SpeculativeConfig`."""
+
+    @property
+    def disable_by_batch_size(self) -> int | None: ...
+
+
 class SchedulingConfig(Protocol):
     """What `Scheduler.from_config` reads from a `VllmConfig`."""
+
+    @property
+    def speculative_config(self) -> SpeculativeFields | None: ...
+
+    @property
+    def num_speculative_tokens(self) -> int: ...
+
+    @property
+    def num_lookahead_tokens(self) -> int: ...
 
     @property
     def scheduler_config(self) -> SchedulerFields: ...

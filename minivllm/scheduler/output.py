@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from minivllm.sampling_params import SamplingParams
+    from minivllm.stats import RequestSpecDecodeStats
 
 
 @dataclass
@@ -42,6 +43,10 @@ class CachedRequestData:
     """Blocks appended to each request's block table this step."""
     num_computed_tokens: list[int] = field(default_factory=list)
     """Tokens already computed for each request before this step."""
+    num_kept_blocks: list[int | None] = field(default_factory=list)
+    """Per request (may be empty: keep all): how many leading blocks of its table the
+    worker keeps before appending ``new_block_ids``; the scheduler freed the others,
+    which held only rejected draft tokens.  None keeps the whole table."""
 
 
 @dataclass
@@ -55,6 +60,12 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str] = field(default_factory=set)
     """Requests that finished or were aborted/preempted since the last step: drop their state."""
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    """Draft tokens to verify this step, per request id; they are the last
+    ``len(drafts)`` of its ``num_scheduled_tokens`` (speculative decoding only)."""
+    num_spec_tokens_to_propose: int = 0
+    """Draft tokens the worker proposes for each request that samples this step
+    (0: none, e.g. speculation is off or disabled by the batch size)."""
 
     @property
     def is_empty(self) -> bool:
@@ -68,13 +79,18 @@ class ModelRunnerOutput:
     req_ids: list[str]
     """The requests of the step, in the order the worker ran them."""
     sampled_token_ids: list[list[int]]
-    """New tokens per request; empty for a request still in a partial (chunked) prefill."""
+    """New tokens per request; empty for a request still in a partial (chunked) prefill.
+    With speculative decoding: the accepted draft tokens, then one token the target
+    sampled itself (a correction or a bonus)."""
     logprobs: list[Any | None] = field(default_factory=list)
     """Per request (parallel to req_ids): None, or a list with one entry per new token,
     each ``(token_id, logprob, rank, {top_token_id: logprob})``."""
     prompt_logprobs: dict[str, list[Any]] = field(default_factory=dict)
     """Per request id, prompt logprob entries computed this step (same entry form, or
     None for the first prompt token)."""
+    spec_token_ids: list[list[int]] = field(default_factory=list)
+    """Per request (parallel to req_ids, or empty): draft tokens proposed for the next
+    step."""
     failed_req_ids: dict[str, str] = field(default_factory=dict)
     """Requests the worker could not run because their own inputs failed (e.g. building
     their sampling generator raised), each with the error; they are not in req_ids, and
@@ -100,6 +116,8 @@ class EngineCoreOutput:
     new_prompt_logprobs: list[Any] | None = None
     """Prompt logprob entries computed this step, if requested."""
     num_preemptions: int = 0
+    spec_decode: RequestSpecDecodeStats | None = None
+    """The request's speculative decoding record so far (None when it had no drafts)."""
     error: str | None = None
     """Why the request failed (finish_reason "error"); None otherwise."""
 

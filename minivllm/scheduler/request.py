@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING
 
 from minivllm.kv_cache.hashing import BlockHash
+from minivllm.stats import RequestSpecDecodeStats
 
 if TYPE_CHECKING:
     from minivllm.sampling_params import SamplingParams
@@ -85,6 +86,10 @@ class Request:
         self.num_preemptions = 0
         self.max_tokens: int | None = sampling_params.max_tokens
         """Output cap; the scheduler fills it from max_model_len when the params leave None."""
+        self.spec_token_ids: list[int] = []
+        """Draft tokens proposed for the next step (speculative decoding); never part of
+        the token ids or the block hashes until the target accepts them."""
+        self.spec_decode: RequestSpecDecodeStats | None = None
         self.block_hashes: list[BlockHash] = []
         self.block_hasher = block_hasher
         self.update_block_hashes()

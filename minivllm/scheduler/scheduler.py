@@ -29,6 +29,7 @@ from minivllm.scheduler.output import (
 )
 from minivllm.scheduler.request import Request, RequestStatus, check_stop
 from minivllm.scheduler.request_queue import SCHEDULING_POLICIES, make_request_queue
+from minivllm.scheduler.spec_decode import SpecDecodeState
 from minivllm.stats import SchedulerStats
 
 logger = init_logger(__name__)
@@ -51,6 +52,8 @@ class Scheduler:
         max_num_partial_prefills: int = 1,
         max_long_partial_prefills: int = 1,
         reserve_full_isl: bool = True,
+        num_speculative_tokens: int = 0,
+        spec_disable_batch_size: int | None = None,
     ) -> None:
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -95,6 +98,16 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self._pending_outputs: list[EngineCoreOutput] = []
+        # Speculative decoding: draft limits, rollback, acceptance counts (None: off).
+        self.spec: SpecDecodeState | None = None
+        if num_speculative_tokens:
+            self.spec = SpecDecodeState(
+                kv_cache_manager,
+                num_speculative_tokens=num_speculative_tokens,
+                num_lookahead_tokens=num_lookahead_tokens,
+                disable_batch_size=spec_disable_batch_size,
+                max_model_len=max_model_len,
+            )
 
     @classmethod
     def from_config(cls, vllm_config: SchedulingConfig, num_blocks: int) -> Scheduler:
@@ -119,6 +132,8 @@ class Scheduler:
         # Speculative decoding may reserve part of the batch: the scheduler hands out
         # max_num_scheduled_tokens when the config sets it (None: the whole budget).
         budget = sched.max_num_scheduled_tokens or sched.max_num_batched_tokens
+        # Configs without the speculative fields (older stand-ins) mean no speculation.
+        spec = getattr(vllm_config, "speculative_config", None)
         return cls(
             manager,
             max_num_seqs=sched.max_num_seqs,
@@ -130,6 +145,9 @@ class Scheduler:
             max_num_partial_prefills=sched.max_num_partial_prefills,
             max_long_partial_prefills=sched.max_long_partial_prefills,
             reserve_full_isl=sched.scheduler_reserve_full_isl,
+            num_lookahead_tokens=vllm_config.num_lookahead_tokens if spec else 0,
+            num_speculative_tokens=vllm_config.num_speculative_tokens if spec else 0,
+            spec_disable_batch_size=spec.disable_by_batch_size if spec else None,
         )
 
     # -- requests in and out ------------------------------------------------------
@@ -197,6 +215,8 @@ class Scheduler:
 
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        if self.spec is not None:
+            self.spec.forget(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
 
@@ -209,17 +229,31 @@ class Scheduler:
         scheduled_running: list[Request] = []
         scheduled_new: list[Request] = []
         preempted_any = False
+        spec_tokens: dict[str, list[int]] = {}
+        spec = self.spec
+        use_spec = spec is not None and spec.speculating(len(self.running) + len(self.waiting))
 
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
             num_new = self._cap_chunk(request.num_tokens - request.num_computed_tokens, budget)
+            drafts = spec.drafts_to_verify(request, budget) if spec and use_spec else []
+            request.spec_token_ids = []
+            if drafts and num_new == 1:
+                spec_tokens[request.request_id] = drafts
+                num_new += len(drafts)
             if num_new <= 0:
                 idx += 1
                 continue
             block_ids = self.kv_cache_manager.allocate_slots(
                 request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
             )
+            if block_ids is None and request.request_id in spec_tokens:
+                # Drafts are optional: without them the request may still fit.
+                num_new -= len(spec_tokens.pop(request.request_id))
+                block_ids = self.kv_cache_manager.allocate_slots(
+                    request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
+                )
             while block_ids is None:
                 victim = self._pick_victim()
                 if victim is request and len(self.running) == 1:
@@ -235,6 +269,7 @@ class Scheduler:
                     scheduled_running.remove(victim)
                     budget += num_scheduled.pop(victim.request_id)
                     new_block_ids.pop(victim.request_id)
+                    spec_tokens.pop(victim.request_id, None)
                 self._preempt(victim)
                 preempted_any = True
                 if victim is request:
@@ -243,6 +278,7 @@ class Scheduler:
                     request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
                 )
             if block_ids is None:
+                spec_tokens.pop(request.request_id, None)
                 continue  # it left self.running; self.running[idx] is now the next request
             scheduled_running.append(request)
             num_scheduled[request.request_id] = num_new
@@ -316,10 +352,16 @@ class Scheduler:
                 req_ids=[r.request_id for r in scheduled_running],
                 new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
                 num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
+                num_kept_blocks=[
+                    spec.kept_blocks.pop(r.request_id, None) if spec else None
+                    for r in scheduled_running
+                ],
             ),
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
+            scheduled_spec_decode_tokens=spec_tokens,
+            num_spec_tokens_to_propose=spec.num_speculative_tokens if spec and use_spec else 0,
         )
         self.finished_req_ids = set()
         # Scheduled tokens count as computed from now on, so the next schedule() (which may
@@ -340,6 +382,8 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        if self.spec is not None:
+            self.spec.forget(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -378,6 +422,7 @@ class Scheduler:
         """Append sampled tokens, apply stop conditions, publish full blocks, free finished."""
         row = {rid: i for i, rid in enumerate(model_runner_output.req_ids)}
         sampled_rows = model_runner_output.sampled_token_ids
+        draft_rows = model_runner_output.spec_token_ids
         logprob_rows = model_runner_output.logprobs
         # Requests the scheduler itself finished while scheduling this step come first.
         outputs, self._pending_outputs = self._pending_outputs, []
@@ -400,6 +445,9 @@ class Scheduler:
             i = row.get(rid)
             sampled = sampled_rows[i] if i is not None else []
             new_token_ids: list[int] = []
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
+            if drafts and sampled and self.spec is not None:
+                self.spec.roll_back(request, len(drafts), len(sampled) - 1)
             # Tokens sampled in the middle of a chunked prefill are meaningless.
             if sampled and request.num_computed_tokens >= request.num_tokens:
                 for token_id in sampled:
@@ -415,6 +463,8 @@ class Scheduler:
             if request.is_finished:
                 self._free_request(request)
                 finished_ids.add(rid)
+            elif i is not None and i < len(draft_rows) and new_token_ids:
+                request.spec_token_ids = list(draft_rows[i])
             if new_token_ids or request.is_finished or prompt_logprobs:
                 outputs.append(
                     self._make_output(request, new_token_ids, new_logprobs, prompt_logprobs)
@@ -439,6 +489,7 @@ class Scheduler:
             new_logprobs=new_logprobs,
             new_prompt_logprobs=prompt_logprobs,
             num_preemptions=request.num_preemptions,
+            spec_decode=request.spec_decode,
         )
 
     # -- state for the engine loop and metrics -----------------------------------
@@ -465,4 +516,5 @@ class Scheduler:
             prefix_cache_queries=prefix.queries,
             prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions,
+            spec_decoding_stats=self.spec.stats.copy() if self.spec else None,
         )

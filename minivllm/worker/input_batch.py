@@ -64,6 +64,9 @@ class StepInputs:
     sample_req_ids: list[str]
     """Requests whose context is complete after this step, so they sample a token."""
     num_scheduled: list[int]
+    sample_drafts: list[list[int]] = field(default_factory=list)
+    """Per sampling request (parallel to sample_req_ids): the draft tokens it verifies
+    this step; its logits rows are then the last ``1 + len(drafts)`` of its tokens."""
 
 
 def build_step_inputs(
@@ -72,8 +75,10 @@ def build_step_inputs(
     num_scheduled_tokens: dict[str, int],
     block_size: int,
     device: torch.device,
+    spec_tokens: dict[str, list[int]] | None = None,
 ) -> StepInputs:
-    """Flatten the scheduled tokens of ``req_ids`` into one batch over the paged cache."""
+    """Flatten the scheduled tokens of ``req_ids`` into one batch over the paged cache;
+    ``spec_tokens`` are draft tokens that follow a request's own tokens."""
     num_reqs = len(req_ids)
     counts = [num_scheduled_tokens[r] for r in req_ids]
     total = sum(counts)
@@ -86,6 +91,7 @@ def build_step_inputs(
     block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int32)
     logits_rows: list[int] = []
     sample_req_ids: list[str] = []
+    sample_drafts: list[list[int]] = []
 
     offset = 0
     for i, req_id in enumerate(req_ids):
@@ -93,7 +99,10 @@ def build_step_inputs(
         n = counts[i]
         start = state.num_computed_tokens
         end = start + n
-        input_ids[offset : offset + n] = state.token_slice(start, end)
+        drafts = (spec_tokens or {}).get(req_id, [])
+        nd = len(drafts)
+        input_ids[offset : offset + n - nd] = state.token_slice(start, end - nd)
+        input_ids[offset + n - nd : offset + n] = drafts
         pos = np.arange(start, end, dtype=np.int64)
         positions[offset : offset + n] = pos
         blocks = np.asarray(state.block_ids, dtype=np.int64)
@@ -103,9 +112,10 @@ def build_step_inputs(
         block_tables[i, : len(state.block_ids)] = state.block_ids
         seq_lens[i] = end
         query_start_loc[i + 1] = query_start_loc[i] + n
-        if end >= state.num_tokens:
-            logits_rows.append(offset + n - 1)
+        if end - nd >= state.num_tokens:
+            logits_rows.extend(range(offset + n - 1 - nd, offset + n))
             sample_req_ids.append(req_id)
+            sample_drafts.append(list(drafts))
         offset += n
 
     metadata = AttentionMetadata(
@@ -127,4 +137,5 @@ def build_step_inputs(
         logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=device),
         sample_req_ids=sample_req_ids,
         num_scheduled=counts,
+        sample_drafts=sample_drafts,
     )

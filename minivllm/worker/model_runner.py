@@ -26,10 +26,12 @@ from minivllm.model_executor.layers.cpu_gemm import pack_linear_weights
 from minivllm.model_executor.loader import load_model
 from minivllm.sample.logprobs import compute_prompt_logprobs
 from minivllm.sample.metadata import SamplingMetadata
+from minivllm.sample.rejection_sampler import verify
 from minivllm.sample.sampler import Sampler
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.worker.forward_runner import ForwardRunner
 from minivllm.worker.input_batch import CachedRequestState, StepInputs, build_step_inputs
+from minivllm.worker.spec_decode import SpecDecoder
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
@@ -55,6 +57,10 @@ class ModelRunner:
         self.attn_layers: dict[str, Any] = {}
         self.kv_caches: list[torch.Tensor] = []
         self.vocab_size: int = self.model_config.get_vocab_size()
+        # Speculative decoding: proposes drafts; its sampling path verifies them.
+        self.spec: SpecDecoder | None = None
+        if vllm_config.speculative_config is not None:
+            self.spec = SpecDecoder(vllm_config, device)
 
     # -- set-up -------------------------------------------------------------
     def load_model(self) -> None:
@@ -77,17 +83,22 @@ class ModelRunner:
             self.model, self.vllm_config, self.attn_layers, self.device
         )
         self.forward_runner.compile_and_warm_up()
+        if self.spec is not None:
+            self.spec.load_model(self.vocab_size)
 
     def kv_cache_bytes_per_block(self) -> int:
         """Bytes one KV block takes over all layers."""
         mc = self.model_config
-        return kv_cache_bytes_per_block(
+        target = kv_cache_bytes_per_block(
             self.block_size,
             mc.get_num_kv_heads(self.vllm_config.parallel_config),
             mc.get_head_size(),
             self.kv_cache_dtype,
             num_layers=len(self.attn_layers) or mc.get_total_num_hidden_layers(),
         )
+        # A draft model keeps its KV in the same blocks (same block tables).
+        draft = self.spec.kv_cache_bytes_per_block(self.block_size) if self.spec else 0
+        return target + draft
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         mc = self.model_config
@@ -101,6 +112,8 @@ class ModelRunner:
             self.device,
         )
         bind_kv_caches(self.attn_layers, self.kv_caches)
+        if self.spec is not None:
+            self.spec.initialize_kv_cache(num_blocks, self.block_size)
         assert self.forward_runner is not None, "load_model() first"
         self.forward_runner.capture_cudagraphs()
 
@@ -111,6 +124,8 @@ class ModelRunner:
         failed: dict[str, str] = {}
         for req_id in so.finished_req_ids:
             self.states.pop(req_id, None)
+            if self.spec is not None:
+                self.spec.forget(req_id)
         for new in so.scheduled_new_reqs:
             try:
                 state = CachedRequestState.from_new(new, self.device)
@@ -121,18 +136,22 @@ class ModelRunner:
                 continue
             self.states[new.req_id] = state
         cached = so.scheduled_cached_reqs
-        for req_id, new_blocks, num_computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        for i, (req_id, new_blocks, num_computed) in enumerate(
+            zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True)
         ):
             state = self.states[req_id]
+            kept = cached.num_kept_blocks[i] if i < len(cached.num_kept_blocks) else None
+            if kept is not None:
+                # The scheduler freed the blocks that held only rejected drafts.
+                del state.block_ids[kept:]
             state.block_ids.extend(new_blocks)
             state.num_computed_tokens = num_computed
         return failed
 
     def _replay_generator(self, state: CachedRequestState) -> None:
         """A request rebuilt after preemption continues its seeded random stream."""
-        if state.generator is None or not state.output_token_ids:
-            return
+        if state.generator is None or not state.output_token_ids or self.spec is not None:
+            return  # speculative decoding keys a seeded request's draws by position
         scratch = torch.empty(self.vocab_size, device=self.device)
         for _ in state.output_token_ids:
             scratch.exponential_(generator=state.generator)
@@ -146,13 +165,20 @@ class ModelRunner:
         if not req_ids:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], failed_req_ids=failed)
         inputs = build_step_inputs(
-            self.states, req_ids, so.num_scheduled_tokens, self.block_size, self.device
+            self.states,
+            req_ids,
+            so.num_scheduled_tokens,
+            self.block_size,
+            self.device,
+            so.scheduled_spec_decode_tokens,
         )
         hidden = self.forward_runner.run(inputs.input_ids, inputs.positions, inputs.attn_metadata)
         # Only the last pipeline stage holds the final hidden states.
         last_stage = get_pp_group().is_last_rank
         prompt_logprobs = self._prompt_logprobs(hidden, inputs) if last_stage else {}
 
+        if self.spec is not None:
+            return self._execute_spec(so, inputs, hidden, req_ids, prompt_logprobs, failed)
         sampled: dict[str, int] = {}
         entries: dict[str, Any] = {}
         if inputs.sample_req_ids:
@@ -189,6 +215,40 @@ class ModelRunner:
             return tokens
         tp_size = self.vllm_config.parallel_config.tensor_parallel_size
         return world.broadcast(tokens.contiguous(), src=world.world_size - tp_size)
+
+    def _execute_spec(
+        self,
+        so: SchedulerOutput,
+        inputs: StepInputs,
+        hidden: torch.Tensor,
+        req_ids: list[str],
+        prompt_logprobs: dict[str, list[Any]],
+        failed: dict[str, str],
+    ) -> ModelRunnerOutput:
+        """Sampling with speculative decoding: verify drafts, then propose new ones."""
+        assert self.spec is not None and self.model is not None
+        sampled: dict[str, list[int]] = {}
+        entries: dict[str, Any] = {}
+        drafts: dict[str, list[int]] = {}
+        if inputs.sample_req_ids:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            states = [self.states[r] for r in inputs.sample_req_ids]
+            noise = self.spec.take_draft_noise(inputs.sample_req_ids, inputs.sample_drafts)
+            out = verify(logits, states, inputs.sample_drafts, self.vocab_size, noise)
+            for state, tokens, entry in zip(states, out.token_ids, out.logprobs, strict=True):
+                state.output_token_ids.extend(tokens)
+                sampled[state.req_id] = tokens
+                entries[state.req_id] = entry
+            if so.num_spec_tokens_to_propose:
+                drafts = self.spec.propose(states, so.num_spec_tokens_to_propose)
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            sampled_token_ids=[sampled.get(r, []) for r in req_ids],
+            logprobs=[entries.get(r) for r in req_ids],
+            prompt_logprobs=prompt_logprobs,
+            spec_token_ids=[drafts.get(r, []) for r in req_ids],
+            failed_req_ids=failed,
+        )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[str, list[Any]]:
         """Logprobs of the prompt tokens computed this step, for requests that asked."""

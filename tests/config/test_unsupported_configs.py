@@ -21,6 +21,7 @@ from minivllm.config.logging import LoggingConfig
 from minivllm.config.observability import ObservabilityConfig
 from minivllm.config.profiler import ProfilerConfig
 from minivllm.config.quantization import GGUFConfig, get_quant_config
+from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.unsupported.aux_output import AuxOutputConfig
 from minivllm.config.unsupported.diffusion import DiffusionConfig
 from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
@@ -32,7 +33,6 @@ from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaBackendEnum, MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig, UVAOffloadConfig
 from minivllm.config.unsupported.reasoning import ReasoningConfig
-from minivllm.config.unsupported.speculative import SpeculativeConfig
 from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
@@ -43,7 +43,6 @@ from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 # (class, a non-default setting, words the error must contain, active when present)
 CASES = [
     (LoRAConfig, {"max_lora_rank": 8}, "LoRA (lora_config)", True),
-    (SpeculativeConfig, {"num_speculative_tokens": 3}, "speculative decoding", True),
     (KVTransferConfig, {"kv_connector": "NixlConnector"}, "KV transfer", False),
     (KVEventsConfig, {"enable_kv_cache_events": True}, "KV cache event", False),
     (ECTransferConfig, {"ec_connector": "X"}, "encoder cache transfer", False),
@@ -110,9 +109,11 @@ def test_non_default_fields_uses_default_factories() -> None:
 
 
 def test_speculative_predicates_and_kv_transfer_properties() -> None:
-    spec = SpeculativeConfig()
-    assert not spec.use_eagle() and not spec.uses_draft_model()
+    spec = SpeculativeConfig(num_speculative_tokens=3)
+    assert spec.method == "ngram" and not spec.use_eagle() and not spec.uses_draft_model()
     assert spec.max_num_new_slots_for_drafting == 0
+    draft = SpeculativeConfig(model="some/draft", num_speculative_tokens=2)
+    assert draft.uses_draft_model() and draft.max_num_new_slots_for_drafting == 2
     kv = KVTransferConfig()
     assert not kv.is_kv_transfer_instance and not kv.has_connector("NixlConnector")
     assert not ECTransferConfig().is_encode_only

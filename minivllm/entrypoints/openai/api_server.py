@@ -40,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minivllm import __version__
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.engine.stat_logger import LoggingStatLogger
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
 from minivllm.entrypoints.openai.protocol import (
     UNION_TAGS,
@@ -427,8 +428,13 @@ def run_server(args: argparse.Namespace) -> int:
     mc = vllm_config.model_config
     names = _served_names(args)
     registry = CollectorRegistry()
-    stat_logger = PrometheusStatLogger(mc.served_model_name, mc.max_model_len, registry)
-    engine = AsyncLLM(LLMEngine(vllm_config), stat_loggers=[stat_logger])
+    stat_logger = PrometheusStatLogger(
+        mc.served_model_name, mc.max_model_len, registry, vllm_config.num_speculative_tokens
+    )
+    stat_loggers: list[Any] = [stat_logger]
+    if not vllm_config.logging_config.disable_log_stats:
+        stat_loggers.append(LoggingStatLogger(vllm_config.logging_config.log_stats_interval_s))
+    engine = AsyncLLM(LLMEngine(vllm_config), stat_loggers=stat_loggers)
     stat_logger.log_cache_config(vllm_config.cache_config)
     cors = CORSSettings(
         allowed_origins=args.allowed_origins,

@@ -7,12 +7,13 @@ thread after every step; prometheus_client's metrics are thread-safe.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from minivllm.config.cache import CacheConfig
-from minivllm.engine.async_llm import IterationStats
-from minivllm.stats import SchedulerStats
+from minivllm.stats import IterationStats, SchedulerStats, SpecDecodingStats
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
@@ -34,7 +35,13 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 class PrometheusStatLogger:
     """The engine statistics as Prometheus metrics, labelled with the served model name."""
 
-    def __init__(self, model_name: str, max_model_len: int, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        registry: CollectorRegistry,
+        num_spec_tokens: int = 0,
+    ) -> None:
         self.registry = registry
         labels = ["model_name", "engine"]
         values = {"model_name": model_name, "engine": "0"}
@@ -127,6 +134,10 @@ class PrometheusStatLogger:
             reason: success.labels(**values, finished_reason=reason) for reason in FINISH_REASONS
         }
         self._success = success
+        self._spec: dict[str, Any] | None = None
+        self._last_spec: SpecDecodingStats | None = None
+        if num_spec_tokens:
+            self._spec = _spec_decode_counters(registry, labels, values, num_spec_tokens)
         self._values = values
         # SchedulerStats counters are cumulative; Prometheus counters take increments.
         self._last_queries = 0
@@ -145,6 +156,8 @@ class PrometheusStatLogger:
         self._last_queries = s.prefix_cache_queries
         self._last_hits = s.prefix_cache_hits
         self._last_preemptions = s.num_preemptions
+        if self._spec is not None and s.spec_decoding_stats is not None:
+            self._record_spec(s.spec_decoding_stats)
 
         it = iteration_stats
         num_step_tokens = it.num_prompt_tokens + it.num_generation_tokens
@@ -174,6 +187,21 @@ class PrometheusStatLogger:
             if finished.max_tokens is not None:
                 self.request_params_max_tokens.observe(finished.max_tokens)
 
+    def _record_spec(self, spec: SpecDecodingStats) -> None:
+        assert self._spec is not None
+        last = self._last_spec or SpecDecodingStats(spec.num_spec_tokens)
+        self._spec["drafts"].inc(spec.num_drafts - last.num_drafts)
+        self._spec["draft_tokens"].inc(spec.num_draft_tokens - last.num_draft_tokens)
+        self._spec["accepted"].inc(spec.num_accepted_tokens - last.num_accepted_tokens)
+        for counter, now, before in zip(
+            self._spec["per_pos"],
+            spec.num_accepted_tokens_per_pos,
+            last.num_accepted_tokens_per_pos,
+            strict=True,
+        ):
+            counter.inc(now - before)
+        self._last_spec = spec.copy()
+
     def log_cache_config(self, cache_config: CacheConfig) -> None:
         """``vllm:cache_config_info``: the cache settings as labels (vLLM's info metric)."""
         fields = ("block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
@@ -189,6 +217,28 @@ class PrometheusStatLogger:
     def render(self) -> bytes:
         """The registry in the Prometheus text format."""
         return generate_latest(self.registry)
+
+
+def _spec_decode_counters(
+    registry: CollectorRegistry, labels: list[str], values: dict[str, str], num_spec_tokens: int
+) -> dict[str, Any]:
+    """vLLM's speculative decoding counters (the per-position one has a position label)."""
+
+    def counter(name: str, doc: str) -> Any:
+        return Counter(name, doc, labels, registry=registry).labels(**values)
+
+    per_pos = Counter(
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "Accepted draft tokens, by position in the draft.",
+        [*labels, "position"],
+        registry=registry,
+    )
+    return {
+        "drafts": counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+        "draft_tokens": counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+        "accepted": counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+        "per_pos": [per_pos.labels(**values, position=str(i)) for i in range(num_spec_tokens)],
+    }
 
 
 def _length_buckets(max_model_len: int) -> list[float]:

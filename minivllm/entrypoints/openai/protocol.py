@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     Tag,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -226,7 +227,22 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
-class CompletionResponseChoice(OpenAIBaseModel):
+class _SpecDecodeMetricsChoice(OpenAIBaseModel):
+    """A choice that may carry per-request speculative decoding metrics
+    (``--observability-config.per_request_spec_decode_metrics``); the key is left
+    out of the JSON when they are off."""
+
+    spec_decode_metrics: dict[str, Any] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_spec_metrics(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("spec_decode_metrics") is None:
+            data.pop("spec_decode_metrics", None)
+        return data
+
+
+class CompletionResponseChoice(_SpecDecodeMetricsChoice):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
@@ -340,7 +356,7 @@ class ChatResponseMessage(OpenAIBaseModel):
     content: str | None = None
 
 
-class ChatCompletionResponseChoice(OpenAIBaseModel):
+class ChatCompletionResponseChoice(_SpecDecodeMetricsChoice):
     index: int
     message: ChatResponseMessage
     logprobs: ChatLogProbs | None = None

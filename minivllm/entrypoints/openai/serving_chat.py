@@ -147,6 +147,7 @@ class OpenAIServingChat(OpenAIServing):
                     logprobs=logprobs,
                     finish_reason=completion.finish_reason,
                     stop_reason=completion.stop_reason,
+                    spec_decode_metrics=completion.spec_decode_metrics,
                 )
             )
         return ChatCompletionResponse(

@@ -125,6 +125,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs=logprobs,
                         finish_reason=completion.finish_reason,
                         stop_reason=completion.stop_reason,
+                        spec_decode_metrics=completion.spec_decode_metrics,
                     )
                 )
         choices.sort(key=lambda c: c.index)

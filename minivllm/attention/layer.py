@@ -46,6 +46,7 @@ class Attention(nn.Module):
         kv_cache_dtype: str | None = None,
         calculate_kv_scales: bool | None = None,
         backend: str | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         if not prefix:
@@ -67,6 +68,13 @@ class Attention(nn.Module):
             kv_cache_dtype = cache_cfg.cache_dtype
         if calculate_kv_scales is None:
             calculate_kv_scales = cache_cfg.calculate_kv_scales
+        model_cfg = cfg.model_config if cfg is not None else None
+        if model_cfg is not None and model_cfg.disable_sliding_window:
+            sliding_window = None  # every layer attends to the whole context
+        if sliding_window is not None and sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
+        self.sliding_window = sliding_window
+        """Keys a query sees (itself and the ``sliding_window - 1`` before it); None: all."""
         self.kv_cache_dtype = kv_cache_dtype
         self.calculate_kv_scales = calculate_kv_scales
         self.kv_scales_computed = False
@@ -108,6 +116,7 @@ class Attention(nn.Module):
         return (
             f"name={self.layer_name}, heads={self.num_heads}, kv_heads={self.num_kv_heads}, "
             f"head_size={self.head_size}, kv_cache_dtype={self.kv_cache_dtype}"
+            + (f", sliding_window={self.sliding_window}" if self.sliding_window else "")
         )
 
 

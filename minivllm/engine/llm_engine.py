@@ -46,7 +46,9 @@ class LLMEngine:
         if not mc.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(mc.tokenizer or mc.model)
         self.executor = get_executor_class(vllm_config)(vllm_config)
-        self.scheduler = Scheduler.from_config(vllm_config, self.executor.num_blocks)
+        self.scheduler = Scheduler.from_config(
+            vllm_config, self.executor.num_blocks, self.executor.kv_group_windows
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         # No tokenizer with skip_tokenizer_init; a GGUF or HF one may still lack an EOS id.
         self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)

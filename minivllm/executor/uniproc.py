@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from minivllm.kv_cache.groups import KVCacheGroups, max_blocks_per_request
 from minivllm.logger import init_logger
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
@@ -30,7 +31,11 @@ class UniProcExecutor:
                 f"the KV cache holds only {num_blocks} block(s) of {block_size} tokens ({source}); "
                 "give it more memory (--kv-cache-memory-bytes) or lower --max-model-len"
             )
-        check_kv_cache_holds_max_model_len(vllm_config, num_blocks, source)
+        groups = self.worker.model_runner.kv_groups
+        assert groups is not None
+        self.kv_group_windows: tuple[int | None, ...] = groups.windows
+        """Sliding window of each KV cache group, for the scheduler's KV cache manager."""
+        check_kv_cache_holds_max_model_len(vllm_config, num_blocks, source, groups)
         self.worker.initialize_kv_cache(num_blocks)
         self.num_blocks = num_blocks
         vllm_config.cache_config.num_gpu_blocks = num_blocks
@@ -51,7 +56,7 @@ class UniProcExecutor:
 
 
 def check_kv_cache_holds_max_model_len(
-    vllm_config: VllmConfig, num_blocks: int, source: str
+    vllm_config: VllmConfig, num_blocks: int, source: str, groups: KVCacheGroups | None = None
 ) -> None:
     """The KV cache must hold one request of ``max_model_len`` tokens, as in vLLM.
 
@@ -64,8 +69,13 @@ def check_kv_cache_holds_max_model_len(
     block_size = vllm_config.cache_config.block_size
     # A resolved config (the only kind the engine runs) has all three.
     assert mc is not None and mc.max_model_len is not None and block_size is not None
-    capacity = (num_blocks - 1) * block_size
     max_model_len = mc.max_model_len
+    if groups is not None and groups.num_groups > 1:
+        # Sliding-window groups hold only their window: measure one request's need.
+        chunk = vllm_config.scheduler_config.max_num_batched_tokens
+        capacity = _longest_request(groups, num_blocks - 1, block_size, chunk, max_model_len)
+    else:
+        capacity = (num_blocks - 1) * block_size
     if capacity >= max_model_len:
         return
     origin = vllm_config.provenance.origins.get("model_config.max_model_len")
@@ -91,6 +101,18 @@ def check_kv_cache_holds_max_model_len(
         capacity,
     )
     mc.max_model_len = capacity
+
+
+def _longest_request(
+    groups: KVCacheGroups, usable: int, block_size: int, chunk: int, limit: int
+) -> int:
+    """Longest request (a multiple of the block size, at most ``limit``) that fits."""
+    lo, hi = 0, -(-limit // block_size)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        fits = max_blocks_per_request(groups, mid * block_size, block_size, chunk) <= usable
+        lo, hi = (mid, hi) if fits else (lo, mid - 1)
+    return min(lo * block_size, limit)
 
 
 def get_executor_class(vllm_config: VllmConfig) -> type[UniProcExecutor]:

@@ -19,6 +19,7 @@ from minivllm.attention.paged_kv import (
     resolve_kv_cache_dtype,
 )
 from minivllm.config.vllm import set_current_vllm_config
+from minivllm.kv_cache.groups import KVCacheGroups, plan_kv_cache_groups
 from minivllm.logger import init_logger
 from minivllm.model_executor.custom_op import op_registry
 from minivllm.model_executor.layers.cpu_gemm import pack_linear_weights
@@ -53,6 +54,8 @@ class ModelRunner:
         self.forward_runner: ForwardRunner | None = None
         self.attn_layers: dict[str, Any] = {}
         self.kv_caches: list[torch.Tensor] = []
+        self.kv_groups: KVCacheGroups | None = None
+        """How the attention layers share KV blocks (set by `load_model`)."""
         self.vocab_size: int = self.model_config.get_vocab_size()
 
     # -- set-up -------------------------------------------------------------
@@ -71,6 +74,16 @@ class ModelRunner:
         if packed:
             logger.info("packed %d linear weights for oneDNN GEMMs", packed)
         self.attn_layers = get_attention_layers(self.model)
+        self.kv_groups = plan_kv_cache_groups(
+            [layer.sliding_window for layer in self.attn_layers.values()]
+        )
+        if self.kv_groups.is_hybrid:
+            logger.info(
+                "KV cache groups: %d (sliding windows %s), %d layers' worth per block",
+                self.kv_groups.num_groups,
+                self.kv_groups.windows,
+                self.kv_groups.num_slots,
+            )
         # Compilation (CompilationConfig.mode) and CUDA graphs: see worker/forward_runner.py.
         self.forward_runner = ForwardRunner(
             self.model, self.vllm_config, self.attn_layers, self.device
@@ -85,13 +98,17 @@ class ModelRunner:
             mc.get_total_num_kv_heads(),
             mc.get_head_size(),
             self.kv_cache_dtype,
-            num_layers=len(self.attn_layers) or mc.get_total_num_hidden_layers(),
+            num_layers=self.kv_groups.num_slots
+            if self.kv_groups is not None
+            else mc.get_total_num_hidden_layers(),
         )
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         mc = self.model_config
+        groups = self.kv_groups
+        assert groups is not None, "load_model() first"
         self.kv_caches = allocate_kv_caches(
-            len(self.attn_layers),
+            groups.num_slots,
             num_blocks,
             self.block_size,
             mc.get_total_num_kv_heads(),
@@ -99,9 +116,15 @@ class ModelRunner:
             self.kv_cache_dtype,
             self.device,
         )
-        bind_kv_caches(self.attn_layers, self.kv_caches)
+        # Layers of different groups share a tensor: a block id is used by one group.
+        per_layer = [self.kv_caches[slot] for slot in groups.layer_slot]
+        bind_kv_caches(self.attn_layers, per_layer, groups.layer_group)
         assert self.forward_runner is not None, "load_model() first"
         self.forward_runner.capture_cudagraphs()
+
+    @property
+    def num_kv_groups(self) -> int:
+        return 1 if self.kv_groups is None else self.kv_groups.num_groups
 
     # -- per step -----------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> dict[str, str]:
@@ -124,7 +147,7 @@ class ModelRunner:
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
         ):
             state = self.states[req_id]
-            state.block_ids.extend(new_blocks)
+            state.append_block_ids(new_blocks, self.num_kv_groups)
             state.num_computed_tokens = num_computed
         return failed
 
@@ -145,7 +168,12 @@ class ModelRunner:
         if not req_ids:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], failed_req_ids=failed)
         inputs = build_step_inputs(
-            self.states, req_ids, so.num_scheduled_tokens, self.block_size, self.device
+            self.states,
+            req_ids,
+            so.num_scheduled_tokens,
+            self.block_size,
+            self.device,
+            self.num_kv_groups,
         )
         hidden = self.forward_runner.run(inputs.input_ids, inputs.positions, inputs.attn_metadata)
         prompt_logprobs = self._prompt_logprobs(hidden, inputs)

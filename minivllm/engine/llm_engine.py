@@ -52,6 +52,10 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         # No tokenizer with skip_tokenizer_init; a GGUF or HF one may still lack an EOS id.
         self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
+        # getattr: not every HF config has eos_token_id.  A list (Gemma 3: <eos> and
+        # <end_of_turn>) adds stop tokens beyond the tokenizer's one EOS.
+        model_eos = getattr(mc.hf_text_config, "eos_token_id", None)
+        self.model_eos_token_ids: list[int] = list(model_eos) if isinstance(model_eos, list) else []
         self.max_logprobs = mc.max_logprobs
         self._ids = itertools.count()
 
@@ -140,6 +144,10 @@ class LLMEngine:
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_request(token_ids, params, priority)
         params.update_from_tokenizer(self.eos_token_id)
+        if self.model_eos_token_ids:
+            params.update_from_generation_config(
+                {"eos_token_id": self.model_eos_token_ids}, self.eos_token_id
+            )
         child_ids = (
             [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
         )

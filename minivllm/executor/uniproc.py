@@ -70,10 +70,12 @@ def check_kv_cache_holds_max_model_len(
     # A resolved config (the only kind the engine runs) has all three.
     assert mc is not None and mc.max_model_len is not None and block_size is not None
     max_model_len = mc.max_model_len
+    needed = -(-max_model_len // block_size) + 1
     if groups is not None and groups.num_groups > 1:
-        # Sliding-window groups hold only their window: measure one request's need.
+        # Sliding-window groups hold only their window (plus one step's chunk).
         chunk = vllm_config.scheduler_config.max_num_batched_tokens
         capacity = _longest_request(groups, num_blocks - 1, block_size, chunk, max_model_len)
+        needed = max_blocks_per_request(groups, max_model_len, block_size, chunk) + 1
     else:
         capacity = (num_blocks - 1) * block_size
     if capacity >= max_model_len:
@@ -84,7 +86,7 @@ def check_kv_cache_holds_max_model_len(
             f"max_model_len={max_model_len} does not fit in the KV cache: it holds "
             f"{capacity} tokens ({num_blocks} blocks of {block_size} tokens, one reserved; "
             f"from {source}), and one request of max_model_len tokens needs "
-            f"{-(-max_model_len // block_size) + 1} blocks. Give the KV cache more room "
+            f"{needed} blocks. Give the KV cache more room "
             "(--num-gpu-blocks-override, --kv-cache-memory-bytes, or "
             f"--gpu-memory-utilization on a GPU), or lower --max-model-len to {capacity} "
             "or less."

@@ -247,16 +247,50 @@ class KVCacheManager:
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
     ) -> bool:
-        """Whether `allocate_slots` with the same arguments would succeed."""
+        """Whether `allocate_slots` with the same arguments would succeed.
+
+        With sliding-window groups, ``num_new_tokens`` beyond one step (the scheduler
+        reserving a whole prompt) counts each sliding group at the most it ever holds
+        at once, since the prompt will be computed in chunks of at most
+        ``max_num_batched_tokens``."""
+        return self._fits(
+            request, num_new_tokens, new_computed_blocks, num_lookahead_tokens, capped=True
+        )
+
+    def _fits(
+        self,
+        request: KVCacheRequest,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_lookahead_tokens: int,
+        capped: bool,
+    ) -> bool:
         self.free_skipped_blocks(request)
         need = self._num_new_blocks_needed(
             request, num_new_tokens, new_computed_blocks, num_lookahead_tokens
         )
+        if capped and need and self.max_num_batched_tokens is not None:
+            need = self._cap_sliding_need(request, need // self.num_groups, new_computed_blocks)
         # Hit blocks sitting in the free queue stop being free once taken.
-        num_evictable_hits = sum(
-            1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null
-        )
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
         return need <= self.num_free_blocks - num_evictable_hits
+
+    def _cap_sliding_need(
+        self, request: KVCacheRequest, per_group: int, hits: Sequence[KVCacheBlock]
+    ) -> int:
+        """Blocks a request needs when each sliding group holds at most its window plus
+        one step's tokens (whole-context groups need ``per_group`` each)."""
+        tables = self.req_to_blocks.get(request.request_id)
+        num_hit = len(hits) // self.num_groups
+        total = 0
+        for g, window in enumerate(self.group_windows):
+            if window is None:
+                total += per_group
+                continue
+            held = (list(tables[g]) if tables else []) + list(hits[g * num_hit : (g + 1) * num_hit])
+            num_held = sum(1 for b in held if not b.is_null)
+            total += min(per_group, max(self._sliding_held(window) - num_held, 0))
+        return total
 
     def allocate_slots(
         self,
@@ -275,7 +309,7 @@ class KVCacheManager:
         if num_new_tokens <= 0 and not new_computed_blocks:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}.")
         hits = list(new_computed_blocks or ())
-        if not self.can_allocate(request, num_new_tokens, hits, num_lookahead_tokens):
+        if not self._fits(request, num_new_tokens, hits, num_lookahead_tokens, capped=False):
             return None
         num_new_blocks = self._num_new_blocks_needed(
             request, num_new_tokens, hits, num_lookahead_tokens
@@ -332,13 +366,14 @@ class KVCacheManager:
         new_computed_blocks: Sequence[KVCacheBlock],
         num_lookahead_tokens: int,
     ) -> int:
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_hit = len(new_computed_blocks) // self.num_groups
+        num_computed = request.num_computed_tokens + num_hit * self.block_size
         num_tokens = num_computed + num_new_tokens + num_lookahead_tokens
         if self.max_model_len is not None:
             # Lookahead slots beyond the model's context can never be used.
             num_tokens = min(num_tokens, max(self.max_model_len, num_computed + num_new_tokens))
         tables = self.req_to_blocks.get(request.request_id)
-        held = (len(tables[0]) if tables else 0) + len(new_computed_blocks) // self.num_groups
+        held = (len(tables[0]) if tables else 0) + num_hit
         return max(cdiv(num_tokens, self.block_size) - held, 0) * self.num_groups
 
     def free(self, request: KVCacheRequest) -> None:
@@ -351,6 +386,4 @@ class KVCacheManager:
         tables = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
         # Tail first within each group; whole-context groups before sliding ones.
-        self.block_pool.free_blocks(
-            b for table in tables for b in reversed(table) if not b.is_null
-        )
+        self.block_pool.free_blocks(b for table in tables for b in reversed(table) if not b.is_null)

@@ -144,7 +144,8 @@ def test_prefix_hit_needs_only_the_window_of_sliding_groups() -> None:
     null = mgr.null_block_id
     assert [h.block_id for h in sliding_hits[:4]] == [null] * 4
     assert [h.block_id for h in sliding_hits[4:]] == a_sliding[4:7]
-    assert mgr.allocate_slots(b, b.num_tokens - num_hit, hits) is not None
+    new_ids = mgr.allocate_slots(b, b.num_tokens - num_hit, hits)
+    assert new_ids is not None and len(new_ids) == 2 * (cdiv(32, BS) - 7)
     mgr.free(b)
     assert mgr.num_free_blocks == mgr.block_pool.num_usable_blocks
 
@@ -166,3 +167,14 @@ def test_prefix_hit_shrinks_to_what_every_group_still_has() -> None:
     # the longest such h below 7 is 6 (blocks 3..5).
     assert num_hit == 6 * BS
     assert len(hits) == 2 * 6
+
+
+def test_whole_prompt_reservation_counts_sliding_groups_at_their_cap() -> None:
+    """The scheduler reserves a whole prompt at admission: 100 tokens in 8-token chunks
+    need 25 blocks for the full group and at most 5 per sliding group, not 3 x 25."""
+    mgr = _manager(40, (None, W, W), enable_caching=False, max_num_batched_tokens=8)
+    req = _req("a", list(range(100)), mgr)
+    assert mgr.can_allocate(req, 100)
+    # One step of 100 tokens would write them all at once: that does not fit.
+    assert mgr.allocate_slots(req, 100) is None
+    assert mgr.get_num_held_blocks() == 0

@@ -53,7 +53,9 @@ def _yarn(
     beta_slow = float(params.get("beta_slow") or 1)
 
     def correction_dim(num_rotations: float) -> float:
-        return rotary_dim * math.log(original / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+        return (
+            rotary_dim * math.log(original / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+        )
 
     low, high = correction_dim(beta_fast), correction_dim(beta_slow)
     if params.get("truncate", True):

@@ -156,9 +156,7 @@ class Gemma3Model(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # HF rounds the scale to the model dtype before multiplying; so do we.
-        self.register_buffer(
-            "normalizer", torch.tensor(config.hidden_size**0.5), persistent=False
-        )
+        self.register_buffer("normalizer", torch.tensor(config.hidden_size**0.5), persistent=False)
         head_dim = config.head_dim
         max_pos = config.max_position_embeddings
         ropes = {

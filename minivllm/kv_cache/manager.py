@@ -203,8 +203,10 @@ class KVCacheManager:
         blocks: list[KVCacheBlock] = []
         for g in range(self.num_groups):
             first = self._first_needed(g, num_hit * self.block_size)
-            assert first == 0 or null is not None
-            blocks += [null] * first + cached[g][first:num_hit]  # type: ignore[list-item]
+            if first:
+                assert null is not None
+                blocks += [null] * first
+            blocks += [b for b in cached[g][first:num_hit] if b is not None]
         return blocks, num_hit * self.block_size
 
     def _first_needed(self, group: int, num_computed_tokens: int) -> int:

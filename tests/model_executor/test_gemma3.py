@@ -184,6 +184,27 @@ def test_peak_kv_blocks_match_the_per_layer_type_formula(llm: LLM) -> None:
     assert peak <= cdiv(total, BLOCK) + 5 * (cdiv(WINDOW - 1 + CHUNK, BLOCK) + 1)
 
 
+def test_chat_renders_gemma_turns(llm: LLM) -> None:
+    """The GGUF has no chat template: Gemma 3's turn format is used, and <end_of_turn>
+    (as well as <eos>) stops generation."""
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Name three colours."},
+    ]
+    out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=1))[0]
+    by_hand = (
+        "<start_of_turn>user\nAnswer briefly.\n\nName three colours.<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+    tok = llm.get_tokenizer()
+    assert list(out.prompt_token_ids) == tok.encode(by_hand)  # <bos> + the turns
+    assert out.prompt_token_ids[0] == tok.bos_token_id
+    end_of_turn = tok.convert_tokens_to_ids("<end_of_turn>")
+    forced = SamplingParams(temperature=0.0, max_tokens=5, logit_bias={end_of_turn: 100.0})
+    done = llm.chat(messages, forced)[0].outputs[0]
+    assert list(done.token_ids) == [end_of_turn] and done.finish_reason == "stop"
+
+
 def test_disable_sliding_window_caps_the_context(gemma_path: str) -> None:
     from minivllm.config.model import ModelConfig
 
@@ -197,7 +218,7 @@ def test_4000_token_request_real_window(gemma_path: str) -> None:
     whole context on every layer; peak blocks match the formula; HF agrees."""
     chunk_blocks = cdiv(512 - 1 + CHUNK, BLOCK) + 1
     num_blocks = cdiv(4000 + 16, BLOCK) + 5 * chunk_blocks + 2
-    llm = make_llm(gemma_path, None, max_model_len=4096, num_gpu_blocks_override=num_blocks)
+    llm = make_llm(gemma_path, None, max_model_len=4016, num_gpu_blocks_override=num_blocks)
     manager = llm.llm_engine.scheduler.kv_cache_manager
     assert manager.group_windows == (None,) + (512,) * 5
     ids = llm.get_tokenizer().encode(FILLER * 120)[:3984]

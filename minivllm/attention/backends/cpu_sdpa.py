@@ -105,26 +105,7 @@ def build_step_plan(
         decode_reqs = []  # a lone decode row is as cheap on the prefill path
     decode = None
     if decode_reqs:
-        lens = [seq_lens[i] for i in decode_reqs]
-        max_len = max(lens)
-        padded = -(-max_len // block_size) * block_size
-        key_pos = torch.arange(padded, device=device)[None, :]
-        lens_t = torch.tensor(lens, device=device)[:, None]
-        key_mask = key_pos < lens_t
-        if sliding_window is not None:
-            key_mask &= key_pos >= lens_t - sliding_window
-        token_rows = [qsl[i] for i in decode_reqs]
-        contiguous = token_rows == list(range(len(token_rows)))
-        all_decode = len(decode_reqs) == num_reqs
-        decode = DecodeGroup(
-            rows=None if contiguous else torch.tensor(token_rows, device=device),
-            num=len(decode_reqs),
-            block_tables=md.block_tables
-            if all_decode
-            else md.block_tables.index_select(0, torch.tensor(decode_reqs, device=device)),
-            max_seq_len=max_len,
-            key_mask=key_mask[:, None, None, :],
-        )
+        decode = _decode_group(md, qsl, seq_lens, decode_reqs, block_size, sliding_window)
     prefills = []
     decode_set = set(decode_reqs)
     for i in range(num_reqs):
@@ -146,6 +127,53 @@ def build_step_plan(
             mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
         prefills.append(PrefillSpan(i, qsl[i], qsl[i + 1], seq_len, mask, first_block))
     return StepPlan(write_slots, write_rows, decode, prefills)
+
+
+def _decode_group(
+    md: AttentionMetadata,
+    qsl: list[int],
+    seq_lens: list[int],
+    decode_reqs: list[int],
+    block_size: int,
+    sliding_window: int | None,
+) -> DecodeGroup:
+    """The padded batch of one-token requests; with a sliding window each request's
+    table starts at the block of its window's first key (so a long context gathers
+    only about a window of keys, and never the blocks freed before it)."""
+    device = md.block_tables.device
+    lens = [seq_lens[i] for i in decode_reqs]
+    all_decode = len(decode_reqs) == len(seq_lens)
+    tables = (
+        md.block_tables
+        if all_decode
+        else md.block_tables.index_select(0, torch.tensor(decode_reqs, device=device))
+    )
+    lens_t = torch.tensor(lens, device=device)[:, None]
+    if sliding_window is None:
+        max_len = max(lens)
+        padded = -(-max_len // block_size) * block_size
+        key_pos = torch.arange(padded, device=device)[None, :]
+        key_mask = key_pos < lens_t
+    else:
+        first = [max(0, n - sliding_window) // block_size for n in lens]
+        num_blocks = max(-(-n // block_size) - f for n, f in zip(lens, first, strict=True))
+        first_t = torch.tensor(first, device=device)[:, None]
+        cols = (first_t + torch.arange(num_blocks, device=device)[None, :]).clamp_(
+            max=tables.shape[1] - 1
+        )
+        tables = tables.gather(1, cols.to(tables.dtype))
+        max_len = num_blocks * block_size
+        key_pos = first_t * block_size + torch.arange(max_len, device=device)[None, :]
+        key_mask = (key_pos < lens_t) & (key_pos >= lens_t - sliding_window)
+    token_rows = [qsl[i] for i in decode_reqs]
+    contiguous = token_rows == list(range(len(token_rows)))
+    return DecodeGroup(
+        rows=None if contiguous else torch.tensor(token_rows, device=device),
+        num=len(decode_reqs),
+        block_tables=tables,
+        max_seq_len=max_len,
+        key_mask=key_mask[:, None, None, :],
+    )
 
 
 class CpuSdpaBackend:

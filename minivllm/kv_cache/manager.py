@@ -342,8 +342,9 @@ class KVCacheManager:
 
     def free_skipped_blocks(self, request: KVCacheRequest) -> None:
         """Return the blocks of sliding-window groups that no query of ``request`` will
-        see again (every token before the window of its next token), newest first in
-        the free queue so that the oldest go first."""
+        see again (every token before the window of its next token).  As in `free`,
+        later blocks join the free queue first, so they are evicted before earlier
+        ones that other prompts are more likely to share."""
         tables = self.req_to_blocks.get(request.request_id)
         if not tables:
             return

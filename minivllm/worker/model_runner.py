@@ -74,8 +74,11 @@ class ModelRunner:
         if packed:
             logger.info("packed %d linear weights for oneDNN GEMMs", packed)
         self.attn_layers = get_attention_layers(self.model)
+        # Without the hybrid KV cache manager every layer keeps a whole-context table
+        # (attention still honours each layer's window).
+        one_layout = self.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
         self.kv_groups = plan_kv_cache_groups(
-            [layer.sliding_window for layer in self.attn_layers.values()]
+            [None if one_layout else layer.sliding_window for layer in self.attn_layers.values()]
         )
         if self.kv_groups.is_hybrid:
             logger.info(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minivllm.logger import init_logger
+from minivllm.transformers_utils.gguf_families import gemma3_kwargs, gguf_rope_parameters
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -292,7 +293,7 @@ def gguf_to_hf_config(path: str | Path) -> PretrainedConfig:
     num_heads = int(get("attention.head_count", required=True))
     tokens = md.get("tokenizer.ggml.tokens")
     vocab_size = len(tokens) if tokens is not None else get("vocab_size", required=True)
-    rope = _gguf_rope_parameters(get)
+    rope = gguf_rope_parameters(get)
     kwargs: dict[str, Any] = {
         "architectures": [hf_arch],
         "vocab_size": int(vocab_size),
@@ -314,71 +315,10 @@ def gguf_to_hf_config(path: str | Path) -> PretrainedConfig:
     if arch in ("llama", "qwen3", "gemma3"):
         kwargs["head_dim"] = int(get("attention.key_length", hidden_size // num_heads))
     if arch == "gemma3":
-        kwargs.update(_gemma3_kwargs(get, kwargs, rope))
+        kwargs.update(gemma3_kwargs(get, kwargs, rope))
     config = getattr(transformers, config_cls_name)(**kwargs)
     config._name_or_path = str(path)
     return config
-
-
-def _gguf_rope_parameters(get: Any) -> dict[str, Any]:
-    """transformers' ``rope_parameters`` from llama.cpp's ``rope.*`` keys."""
-    rope: dict[str, Any] = {
-        "rope_type": "default",
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
-    }
-    scaling = get("rope.scaling.type")
-    if scaling in ("linear", "yarn") and get("rope.scaling.factor"):
-        rope["rope_type"] = scaling
-        rope["factor"] = float(get("rope.scaling.factor"))
-        original = get("rope.scaling.original_context_length")
-        if original:
-            rope["original_max_position_embeddings"] = int(original)
-        if scaling == "yarn":
-            # llama.cpp names the YaRN knobs yarn_*; transformers drops the prefix.
-            for gguf_key, hf_key in (
-                ("rope.scaling.yarn_beta_fast", "beta_fast"),
-                ("rope.scaling.yarn_beta_slow", "beta_slow"),
-                ("rope.scaling.yarn_attn_factor", "attention_factor"),
-            ):
-                value = get(gguf_key)
-                if value:
-                    rope[hf_key] = float(value)
-    elif scaling not in (None, "none"):
-        raise ValueError(
-            f"GGUF rope scaling type {scaling!r} is not supported; supported: linear, yarn"
-        )
-    return rope
-
-
-GEMMA3_END_OF_TURN_ID = 106
-"""``<end_of_turn>``: Gemma 3 ends a chat turn with it, so generation stops there too."""
-
-
-def _gemma3_kwargs(get: Any, kwargs: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 3 settings that llama.cpp keeps implicit in its code, not in the file.
-
-    Five local (sliding-window, rope base 10k) layers per global one; the global
-    layers take the file's rope base and scaling.  Queries are scaled by the head
-    size except in the 27B model (62 layers), which uses hidden_size / heads.
-    """
-    head_dim = kwargs["head_dim"]
-    scalar = head_dim
-    if kwargs["num_hidden_layers"] == 62:
-        scalar = kwargs["hidden_size"] // kwargs["num_attention_heads"]
-    eos = kwargs["eos_token_id"]
-    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-    if GEMMA3_END_OF_TURN_ID < kwargs["vocab_size"] and GEMMA3_END_OF_TURN_ID not in eos_ids:
-        eos_ids.append(GEMMA3_END_OF_TURN_ID)
-    return {
-        "sliding_window": int(get("attention.sliding_window", 4096)),
-        "query_pre_attn_scalar": scalar,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "eos_token_id": eos_ids,
-        "rope_parameters": {
-            "full_attention": rope,
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        },
-    }
 
 
 def _single_gguf_in(directory: Path) -> Path | None:

@@ -217,6 +217,8 @@ def _verify_with_model(cfg: VllmConfig, prov: Provenance) -> None:
     model.verify_with_parallel_config(cfg.parallel_config)
     with _step(prov, "rule", "is_moe_model", "copied from the model"):
         cfg.parallel_config.is_moe_model = model.is_moe
+    with _step(prov, "rule", "sliding_window", "copied from the model"):
+        cfg.cache_config.sliding_window = model.get_sliding_window()
 
 
 def _warn_unused_settings(cfg: VllmConfig) -> None:

@@ -212,6 +212,10 @@ def test_disable_sliding_window_caps_the_context(gemma_path: str) -> None:
     assert mc.get_sliding_window() is None and mc.max_model_len == 512
 
 
+def test_cache_config_carries_the_window(llm: LLM) -> None:
+    assert llm.llm_engine.vllm_config.cache_config.sliding_window == WINDOW
+
+
 @pytest.mark.slow
 def test_4000_token_request_real_window(gemma_path: str) -> None:
     """The real 512-token window: a 4,000-token request with a KV cache too small for

@@ -23,6 +23,28 @@ from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
 
+# Gemma 3's turn format, for GGUF files that ship without tokenizer.chat_template (the
+# 270M file has none): a system message is folded into the first user turn, the
+# assistant's role is called "model", and each turn ends with <end_of_turn>.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- set ns = namespace(system='') -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['content'] is string -%}{%- set text = message['content'] -%}"
+    "{%- else -%}{%- set text = message['content'] | selectattr('type', 'equalto', 'text')"
+    " | map(attribute='text') | join('\n\n') -%}{%- endif -%}"
+    "{%- if message['role'] == 'system' -%}{%- set ns.system = ns.system + text + '\n\n' -%}"
+    "{%- else -%}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role'])"
+    " + '\n' + ns.system + (text | trim) + '<end_of_turn>\n' }}"
+    "{%- set ns.system = '' -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+"""Chat template used for Gemma 3 GGUF files whose metadata carries none."""
+_DEFAULT_GGUF_CHAT_TEMPLATES = {"gemma3": GEMMA3_CHAT_TEMPLATE}
+
 # Files whose presence marks a directory as an HF tokenizer directory.
 _HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -106,6 +128,8 @@ def load_gguf_tokenizer(gguf_path: str) -> PreTrainedTokenizerBase:
         )
     backend, extra_kwargs = convert_gguf_tokenizer(architecture, tokenizer_dict)
     kwargs: dict[str, Any] = {**tokenizer_config, **extra_kwargs}
+    if not kwargs.get("chat_template") and architecture in _DEFAULT_GGUF_CHAT_TEMPLATES:
+        kwargs["chat_template"] = _DEFAULT_GGUF_CHAT_TEMPLATES[architecture]
     # Keep a real name so error messages and reprs say where the tokenizer came from.
     kwargs.setdefault("name_or_path", gguf_path)
     return TokenizersBackend(tokenizer_object=backend, **kwargs)

@@ -29,7 +29,7 @@ def test_cpu_platform_has_no_static_graphs() -> None:
     cpu = CpuPlatform()
     assert cpu.is_cpu() and not cpu.is_cuda()
     assert not cpu.support_static_graph_mode()
-    assert not cpu.support_hybrid_kv_cache()
+    assert cpu.support_hybrid_kv_cache()  # sliding-window KV groups run on CPU
     assert cpu.get_device_capability() is None
     assert not cpu.is_device_capability_family(100)
     assert cpu.get_compile_backend() == "inductor"

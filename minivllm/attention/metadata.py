@@ -33,6 +33,10 @@ class AttentionMetadata:
     K/V are written; -1 for padding tokens (not written)."""
     query_start_loc_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
+    group_metadata: tuple[AttentionMetadata, ...] | None = None
+    """With several KV cache groups (sliding-window models): the metadata of each
+    group, index 0 being this object; layers of group ``g`` read entry ``g`` (its own
+    block tables and slots).  None with one group."""
     backend_plan: dict[str, Any] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -46,3 +50,12 @@ class AttentionMetadata:
     @property
     def is_uniform_decode(self) -> bool:
         return self.max_query_len == 1
+
+
+def metadata_for_layer(md: AttentionMetadata, layer: Any) -> AttentionMetadata:
+    """The metadata of the KV cache group ``layer`` belongs to."""
+    # getattr: layers never bound to a grouped cache (tests) have no kv_group.
+    group = getattr(layer, "kv_group", 0)
+    if md.group_metadata is None or group == 0:
+        return md
+    return md.group_metadata[group]

@@ -226,6 +226,16 @@ def _verify_with_model(cfg: VllmConfig, prov: Provenance) -> None:
     model.verify_with_parallel_config(cfg.parallel_config)
     with _step(prov, "rule", "is_moe_model", "copied from the model"):
         cfg.parallel_config.is_moe_model = model.is_moe
+    with _step(prov, "rule", "sliding_window", "copied from the model"):
+        cfg.cache_config.sliding_window = model.get_sliding_window()
+    window = cfg.cache_config.sliding_window
+    if cfg.speculative_config is not None and window is not None:
+        # Sliding-window layers free blocks that the draft path would still read.
+        raise ValueError(
+            "speculative decoding is not supported by minivllm yet on a model with "
+            f"sliding-window attention (window {window}); drop --speculative-config, or "
+            "set disable_sliding_window=True to run every layer with full attention."
+        )
 
 
 def _warn_unused_settings(cfg: VllmConfig) -> None:

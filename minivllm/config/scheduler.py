@@ -83,7 +83,9 @@ class SchedulerConfig:
     """Qualified name of a custom scheduler class. Unsupported: must be None."""
     disable_hybrid_kv_cache_manager: bool | None = None
     """Use one KV layout for all layers even when the model mixes attention
-    types. None lets `VllmConfig` decide."""
+    types: sliding-window layers then keep (and attend within) a whole-context
+    block table instead of freeing what left their window. None lets `VllmConfig`
+    decide."""
     async_scheduling: bool | None = None
     """Schedule step N+1 while step N runs. None lets `VllmConfig` decide."""
     stream_interval: int = 1

@@ -47,12 +47,18 @@ class LLMEngine:
         if not mc.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(mc.tokenizer or mc.model)
         self.executor = get_executor_class(vllm_config)(vllm_config)
-        self.scheduler = Scheduler.from_config(vllm_config, self.executor.num_blocks)
+        self.scheduler = Scheduler.from_config(
+            vllm_config, self.executor.num_blocks, self.executor.kv_group_windows
+        )
         self.output_processor = OutputProcessor(
             self.tokenizer, vllm_config.observability_config.per_request_spec_decode_metrics
         )
         # No tokenizer with skip_tokenizer_init; a GGUF or HF one may still lack an EOS id.
         self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
+        # getattr: not every HF config has eos_token_id.  A list (Gemma 3: <eos> and
+        # <end_of_turn>) adds stop tokens beyond the tokenizer's one EOS.
+        model_eos = getattr(mc.hf_text_config, "eos_token_id", None)
+        self.model_eos_token_ids: list[int] = list(model_eos) if isinstance(model_eos, list) else []
         self.max_logprobs = mc.max_logprobs
         self._ids = itertools.count()
         # Offline statistics (LLM with disable_log_stats=False): per-step counts for the
@@ -145,6 +151,10 @@ class LLMEngine:
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_request(token_ids, params, priority)
         params.update_from_tokenizer(self.eos_token_id)
+        if self.model_eos_token_ids:
+            params.update_from_generation_config(
+                {"eos_token_id": self.model_eos_token_ids}, self.eos_token_id
+            )
         child_ids = (
             [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
         )

@@ -17,6 +17,7 @@ from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
+    from minivllm.kv_cache.groups import KVCacheGroups
     from minivllm.worker.worker import Worker
 
 
@@ -71,6 +72,11 @@ class RankWorker:
     def kv_cache_bytes_per_block(self) -> int:
         assert self.worker is not None
         return self.worker.model_runner.kv_cache_bytes_per_block()
+
+    def kv_groups(self) -> KVCacheGroups:
+        """How this rank's attention layers share KV blocks (the same on every rank)."""
+        assert self.worker is not None and self.worker.model_runner.kv_groups is not None
+        return self.worker.model_runner.kv_groups
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         assert self.worker is not None

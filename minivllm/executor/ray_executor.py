@@ -94,7 +94,11 @@ class RayExecutor:
             sizes = self.collective_rpc("load", f"tcp://{ip}:{port}")
             per_block = self.collective_rpc("kv_cache_bytes_per_block")[0]
             num_blocks, source = min(sizes)
-            self.num_blocks = finish_kv_cache_sizing(vllm_config, num_blocks, source, per_block)
+            groups = self.collective_rpc("kv_groups")[0]
+            self.kv_group_windows: tuple[int | None, ...] = groups.windows
+            self.num_blocks = finish_kv_cache_sizing(
+                vllm_config, num_blocks, source, per_block, groups
+            )
             self.collective_rpc("initialize_kv_cache", self.num_blocks)
         except BaseException:
             self.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from minivllm.kv_cache.groups import KVCacheGroups, max_blocks_per_request
 from minivllm.logger import init_logger
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
@@ -24,7 +25,11 @@ class UniProcExecutor:
         self.worker.load_model()
         num_blocks, source = self.worker.determine_num_kv_blocks()
         per_block = self.worker.model_runner.kv_cache_bytes_per_block()
-        self.num_blocks = finish_kv_cache_sizing(vllm_config, num_blocks, source, per_block)
+        groups = self.worker.model_runner.kv_groups
+        assert groups is not None
+        self.kv_group_windows: tuple[int | None, ...] = groups.windows
+        """Sliding window of each KV cache group, for the scheduler's KV cache manager."""
+        self.num_blocks = finish_kv_cache_sizing(vllm_config, num_blocks, source, per_block, groups)
         self.worker.initialize_kv_cache(self.num_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -39,7 +44,11 @@ class UniProcExecutor:
 
 
 def finish_kv_cache_sizing(
-    vllm_config: VllmConfig, num_blocks: int, source: str, per_block: int
+    vllm_config: VllmConfig,
+    num_blocks: int,
+    source: str,
+    per_block: int,
+    groups: KVCacheGroups | None = None,
 ) -> int:
     """Check the KV cache size every worker agreed on, record and log it; returns it."""
     block_size = vllm_config.cache_config.block_size
@@ -48,7 +57,7 @@ def finish_kv_cache_sizing(
             f"the KV cache holds only {num_blocks} block(s) of {block_size} tokens ({source}); "
             "give it more memory (--kv-cache-memory-bytes) or lower --max-model-len"
         )
-    check_kv_cache_holds_max_model_len(vllm_config, num_blocks, source)
+    check_kv_cache_holds_max_model_len(vllm_config, num_blocks, source, groups)
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     logger.info(
         "start-up 4/4: KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB (%s)",
@@ -62,7 +71,7 @@ def finish_kv_cache_sizing(
 
 
 def check_kv_cache_holds_max_model_len(
-    vllm_config: VllmConfig, num_blocks: int, source: str
+    vllm_config: VllmConfig, num_blocks: int, source: str, groups: KVCacheGroups | None = None
 ) -> None:
     """The KV cache must hold one request of ``max_model_len`` tokens, as in vLLM.
 
@@ -75,8 +84,15 @@ def check_kv_cache_holds_max_model_len(
     block_size = vllm_config.cache_config.block_size
     # A resolved config (the only kind the engine runs) has all three.
     assert mc is not None and mc.max_model_len is not None and block_size is not None
-    capacity = (num_blocks - 1) * block_size
     max_model_len = mc.max_model_len
+    needed = -(-max_model_len // block_size) + 1
+    if groups is not None and groups.num_groups > 1:
+        # Sliding-window groups hold only their window (plus one step's chunk).
+        chunk = vllm_config.scheduler_config.max_num_batched_tokens
+        capacity = _longest_request(groups, num_blocks - 1, block_size, chunk, max_model_len)
+        needed = max_blocks_per_request(groups, max_model_len, block_size, chunk) + 1
+    else:
+        capacity = (num_blocks - 1) * block_size
     if capacity >= max_model_len:
         return
     origin = vllm_config.provenance.origins.get("model_config.max_model_len")
@@ -85,7 +101,7 @@ def check_kv_cache_holds_max_model_len(
             f"max_model_len={max_model_len} does not fit in the KV cache: it holds "
             f"{capacity} tokens ({num_blocks} blocks of {block_size} tokens, one reserved; "
             f"from {source}), and one request of max_model_len tokens needs "
-            f"{-(-max_model_len // block_size) + 1} blocks. Give the KV cache more room "
+            f"{needed} blocks. Give the KV cache more room "
             "(--num-gpu-blocks-override, --kv-cache-memory-bytes, or "
             f"--gpu-memory-utilization on a GPU), or lower --max-model-len to {capacity} "
             "or less."
@@ -102,3 +118,15 @@ def check_kv_cache_holds_max_model_len(
         capacity,
     )
     mc.max_model_len = capacity
+
+
+def _longest_request(
+    groups: KVCacheGroups, usable: int, block_size: int, chunk: int, limit: int
+) -> int:
+    """Longest request (a multiple of the block size, at most ``limit``) that fits."""
+    lo, hi = 0, -(-limit // block_size)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        fits = max_blocks_per_request(groups, mid * block_size, block_size, chunk) <= usable
+        lo, hi = (mid, hi) if fits else (lo, mid - 1)
+    return min(lo * block_size, limit)

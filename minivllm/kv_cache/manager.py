@@ -12,6 +12,12 @@ The scheduler drives it in this order for each request:
    that became full are published in the prefix cache (only after the step, so
    no other request can hit a block whose KV is not written yet);
 4. ``free(request)`` when it finishes, is aborted or is preempted.
+
+With several KV cache groups (sliding-window models, see `groups`), each request
+has one block table per group, all of equal length; block ids cross this
+interface as flat lists, group after group.  Before each allocation a
+sliding-window group hands back the blocks no future query can see, putting the
+null block in their place.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from minivllm.kv_cache.block_pool import BlockPool, KVCacheBlock, PrefixCacheStats
+from minivllm.kv_cache.groups import cdiv, sliding_window_blocks_held
 from minivllm.kv_cache.hashing import BlockHash, HashableRequest, get_hash_fn, make_block_hasher
 
 
@@ -50,9 +57,9 @@ class KVCacheRequest(HashableRequest, Protocol):
     def sampling_params(self) -> PromptLogprobsParams: ...
 
 
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division for non-negative ints."""
-    return -(-a // b)
+def _group_key(group: int, block_hash: BlockHash) -> BlockHash:
+    """Prefix-cache key of a block of ``group`` (group 0 keeps the plain hash)."""
+    return block_hash if group == 0 else block_hash + b"/kv-group-%d" % group
 
 
 class KVCacheManager:
@@ -67,9 +74,19 @@ class KVCacheManager:
         max_model_len: int | None = None,
         reserve_null_block: bool = True,
         extra_keys: tuple[Any, ...] | None = None,
+        group_windows: Sequence[int | None] = (None,),
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive number of tokens, got {block_size}.")
+        if not group_windows:
+            raise ValueError("group_windows needs one entry per KV cache group")
+        self.group_windows = tuple(group_windows)
+        """Sliding window of each KV cache group (None: the group keeps every block)."""
+        self.num_groups = len(self.group_windows)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # Freed sliding-window positions point at the null block.
+        reserve_null_block = reserve_null_block or any(w is not None for w in group_windows)
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
@@ -77,7 +94,8 @@ class KVCacheManager:
         self.block_hasher = make_block_hasher(block_size, self.hash_fn, extra_keys)
         """Give this to the scheduler's `Request` so its block hashes grow as tokens are appended."""
         self.block_pool = BlockPool(num_blocks, enable_caching, reserve_null_block)
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.req_to_blocks: dict[str, list[list[KVCacheBlock]]] = {}
+        """Per request, one block table per group (equal lengths)."""
         # Leading blocks of each request already published in the prefix cache.
         self.num_cached_blocks: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
@@ -100,11 +118,43 @@ class KVCacheManager:
 
     @property
     def max_num_tokens(self) -> int:
-        """Tokens the whole cache can hold (the usable blocks times the block size)."""
-        return self.block_pool.num_usable_blocks * self.block_size
+        """Longest context one request can hold when it has the whole cache to itself."""
+        usable = self.block_pool.num_usable_blocks
+        if all(w is None for w in self.group_windows):
+            return usable // self.num_groups * self.block_size
+        held = [None if w is None else self._sliding_held(w) for w in self.group_windows]
+
+        def blocks_needed(n: int) -> int:
+            return sum(n if h is None else min(n, h) for h in held)
+
+        if all(h is not None for h in held) and blocks_needed(usable) <= usable:
+            # Only sliding windows: any length fits once the windows do.
+            return max(self.max_model_len or 0, usable * self.block_size)
+        lo, hi = 0, usable  # the largest n with blocks_needed(n) <= usable
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if blocks_needed(mid) <= usable else (lo, mid - 1)
+        return lo * self.block_size
+
+    def _sliding_held(self, window: int) -> int:
+        chunk = self.max_num_batched_tokens or window
+        return sliding_window_blocks_held(window, chunk, self.block_size)
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+        """The request's block ids, group after group (each part of equal length)."""
+        tables = self.req_to_blocks.get(request_id, ())
+        return [b.block_id for table in tables for b in table]
+
+    def get_num_held_blocks(self, request_id: str | None = None) -> int:
+        """Blocks (not the null block) held by one request, or by all of them."""
+        ids = [request_id] if request_id is not None else list(self.req_to_blocks)
+        return sum(
+            1
+            for rid in ids
+            for table in self.req_to_blocks.get(rid, ())
+            for b in table
+            if not b.is_null
+        )
 
     def get_num_blocks_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
@@ -126,27 +176,62 @@ class KVCacheManager:
         if not self.enable_caching or request.sampling_params.prompt_logprobs:
             return [], 0
         hashes = self.update_block_hashes(request)
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        max_hit = min((request.num_tokens - 1) // self.block_size, len(hashes))
+        pool = self.block_pool
+        # cached[g][i]: the cached block of group g for block position i (or None).
+        cached = [
+            [pool.get_cached_block(_group_key(g, h)) for h in hashes[:max_hit]]
+            for g in range(self.num_groups)
+        ]
+        num_hit = max_hit
+        for g, window in enumerate(self.group_windows):
+            if window is None:  # a whole-context group needs every block of the prefix
+                num_hit = next((i for i, b in enumerate(cached[g]) if b is None), num_hit)
+                num_hit = min(num_hit, max_hit)
+        # A sliding-window group needs only the blocks the first computed token sees.
+        while num_hit > 0 and not all(
+            all(
+                b is not None
+                for b in cached[g][self._first_needed(g, num_hit * self.block_size) : num_hit]
+            )
+            for g in range(self.num_groups)
+        ):
+            num_hit -= 1
+        if num_hit == 0:
+            return [], 0
+        null = pool.null_block
         blocks: list[KVCacheBlock] = []
-        for block_hash in hashes[:max_hit_blocks]:
-            block = self.block_pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            blocks.append(block)
-        return blocks, len(blocks) * self.block_size
+        for g in range(self.num_groups):
+            first = self._first_needed(g, num_hit * self.block_size)
+            if first:
+                assert null is not None
+                blocks += [null] * first
+            blocks += [b for b in cached[g][first:num_hit] if b is not None]
+        return blocks, num_hit * self.block_size
+
+    def _first_needed(self, group: int, num_computed_tokens: int) -> int:
+        """First block position a group still needs once ``num_computed_tokens`` tokens
+        are in the cache: the block of the oldest key the next token sees (0 for a
+        whole-context group)."""
+        window = self.group_windows[group]
+        if window is None:
+            return 0
+        return max(0, num_computed_tokens - window + 1) // self.block_size
 
     def cache_blocks(self, request: KVCacheRequest, num_computed_tokens: int) -> None:
         """Publish the request's blocks that are full up to ``num_computed_tokens``."""
         if not self.enable_caching:
             return
-        blocks = self.req_to_blocks.get(request.request_id)
-        if not blocks:
+        tables = self.req_to_blocks.get(request.request_id)
+        if not tables or not tables[0]:
             return
         hashes = self.update_block_hashes(request)
-        num_full = min(num_computed_tokens // self.block_size, len(blocks), len(hashes))
+        num_full = min(num_computed_tokens // self.block_size, len(tables[0]), len(hashes))
         start = self.num_cached_blocks.get(request.request_id, 0)
-        for i in range(start, num_full):
-            self.block_pool.cache_full_block(blocks[i], hashes[i])
+        for g, blocks in enumerate(tables):
+            for i in range(start, num_full):
+                if not blocks[i].is_null:
+                    self.block_pool.cache_full_block(blocks[i], _group_key(g, hashes[i]))
         self.num_cached_blocks[request.request_id] = max(start, num_full)
 
     def reset_prefix_cache(self) -> bool:
@@ -164,13 +249,50 @@ class KVCacheManager:
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
     ) -> bool:
-        """Whether `allocate_slots` with the same arguments would succeed."""
+        """Whether `allocate_slots` with the same arguments would succeed.
+
+        With sliding-window groups, ``num_new_tokens`` beyond one step (the scheduler
+        reserving a whole prompt) counts each sliding group at the most it ever holds
+        at once, since the prompt will be computed in chunks of at most
+        ``max_num_batched_tokens``."""
+        return self._fits(
+            request, num_new_tokens, new_computed_blocks, num_lookahead_tokens, capped=True
+        )
+
+    def _fits(
+        self,
+        request: KVCacheRequest,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_lookahead_tokens: int,
+        capped: bool,
+    ) -> bool:
+        self.free_skipped_blocks(request)
         need = self._num_new_blocks_needed(
             request, num_new_tokens, new_computed_blocks, num_lookahead_tokens
         )
+        if capped and need and self.max_num_batched_tokens is not None:
+            need = self._cap_sliding_need(request, need // self.num_groups, new_computed_blocks)
         # Hit blocks sitting in the free queue stop being free once taken.
-        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
         return need <= self.num_free_blocks - num_evictable_hits
+
+    def _cap_sliding_need(
+        self, request: KVCacheRequest, per_group: int, hits: Sequence[KVCacheBlock]
+    ) -> int:
+        """Blocks a request needs when each sliding group holds at most its window plus
+        one step's tokens (whole-context groups need ``per_group`` each)."""
+        tables = self.req_to_blocks.get(request.request_id)
+        num_hit = len(hits) // self.num_groups
+        total = 0
+        for g, window in enumerate(self.group_windows):
+            if window is None:
+                total += per_group
+                continue
+            held = (list(tables[g]) if tables else []) + list(hits[g * num_hit : (g + 1) * num_hit])
+            num_held = sum(1 for b in held if not b.is_null)
+            total += min(per_group, max(self._sliding_held(window) - num_held, 0))
+        return total
 
     def allocate_slots(
         self,
@@ -189,26 +311,56 @@ class KVCacheManager:
         if num_new_tokens <= 0 and not new_computed_blocks:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}.")
         hits = list(new_computed_blocks or ())
-        if not self.can_allocate(request, num_new_tokens, hits, num_lookahead_tokens):
+        if not self._fits(request, num_new_tokens, hits, num_lookahead_tokens, capped=False):
             return None
         num_new_blocks = self._num_new_blocks_needed(
             request, num_new_tokens, hits, num_lookahead_tokens
         )
-        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        tables = self.req_to_blocks.setdefault(
+            request.request_id, [[] for _ in range(self.num_groups)]
+        )
+        num_hit = len(hits) // self.num_groups
         if hits:
-            assert not req_blocks, "prefix hits are only taken when a request is admitted"
-            self.block_pool.touch(hits)
-            req_blocks.extend(hits)
+            assert not tables[0], "prefix hits are only taken when a request is admitted"
+            self.block_pool.touch(b for b in hits if not b.is_null)
+            for g, table in enumerate(tables):
+                table.extend(hits[g * num_hit : (g + 1) * num_hit])
             # Hit blocks are cached already; start publishing after them.
-            self.num_cached_blocks[request.request_id] = len(hits)
+            self.num_cached_blocks[request.request_id] = num_hit
         if request.num_computed_tokens == 0 and self.enable_caching:
             stats = self.prefix_cache_stats
             stats.requests += 1
             stats.queries += request.num_tokens
-            stats.hits += len(hits) * self.block_size
-        new_blocks = self.block_pool.get_new_blocks(max(num_new_blocks, 0))
-        req_blocks.extend(new_blocks)
-        return [b.block_id for b in new_blocks]
+            stats.hits += num_hit * self.block_size
+        per_group = max(num_new_blocks, 0) // self.num_groups
+        new_ids: list[int] = []
+        for table in tables:
+            new_blocks = self.block_pool.get_new_blocks(per_group)
+            table.extend(new_blocks)
+            new_ids += [b.block_id for b in new_blocks]
+        return new_ids
+
+    def free_skipped_blocks(self, request: KVCacheRequest) -> None:
+        """Return the blocks of sliding-window groups that no query of ``request`` will
+        see again (every token before the window of its next token).  As in `free`,
+        later blocks join the free queue first, so they are evicted before earlier
+        ones that other prompts are more likely to share."""
+        tables = self.req_to_blocks.get(request.request_id)
+        if not tables:
+            return
+        null = self.block_pool.null_block
+        for g, table in enumerate(tables):
+            if self.group_windows[g] is None:
+                continue
+            first = self._first_needed(g, request.num_computed_tokens)
+            freed = []
+            for i in range(min(first, len(table))):
+                if not table[i].is_null:
+                    freed.append(table[i])
+                    assert null is not None
+                    table[i] = null
+            if freed:
+                self.block_pool.free_blocks(reversed(freed))
 
     def _num_new_blocks_needed(
         self,
@@ -217,13 +369,15 @@ class KVCacheManager:
         new_computed_blocks: Sequence[KVCacheBlock],
         num_lookahead_tokens: int,
     ) -> int:
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_hit = len(new_computed_blocks) // self.num_groups
+        num_computed = request.num_computed_tokens + num_hit * self.block_size
         num_tokens = num_computed + num_new_tokens + num_lookahead_tokens
         if self.max_model_len is not None:
             # Lookahead slots beyond the model's context can never be used.
             num_tokens = min(num_tokens, max(self.max_model_len, num_computed + num_new_tokens))
-        held = len(self.req_to_blocks.get(request.request_id, ())) + len(new_computed_blocks)
-        return max(cdiv(num_tokens, self.block_size) - held, 0)
+        tables = self.req_to_blocks.get(request.request_id)
+        held = (len(tables[0]) if tables else 0) + num_hit
+        return max(cdiv(num_tokens, self.block_size) - held, 0) * self.num_groups
 
     def free(self, request: KVCacheRequest) -> None:
         """Release every block of ``request`` at once.
@@ -232,25 +386,32 @@ class KVCacheManager:
         the prefix is evicted before its beginning (which other prompts are more
         likely to share).
         """
-        blocks = self.req_to_blocks.pop(request.request_id, [])
+        tables = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
-        self.block_pool.free_blocks(reversed(blocks))
+        # Tail first within each group; whole-context groups before sliding ones.
+        self.block_pool.free_blocks(b for table in tables for b in reversed(table) if not b.is_null)
+
+    def num_table_blocks(self, request_id: str) -> int:
+        """Length of the request's block table (every group's is the same); 0 if none."""
+        tables = self.req_to_blocks.get(request_id)
+        return len(tables[0]) if tables else 0
 
     def trim_blocks(self, request: KVCacheRequest, num_tokens: int) -> int:
-        """Free the request's blocks past the first ``num_tokens`` slots (tail first);
-        returns how many blocks it keeps.
+        """Free the request's blocks past the first ``num_tokens`` slots (tail first, in
+        every group); returns how many blocks each group's table keeps.
 
         Speculative decoding reserves slots for draft tokens; the blocks that held only
         rejected drafts go back to the pool.  They were never published in the prefix
         cache (only blocks full of accepted tokens are).
         """
-        blocks = self.req_to_blocks.get(request.request_id)
-        if blocks is None:
+        tables = self.req_to_blocks.get(request.request_id)
+        if tables is None:
             return 0
         keep = cdiv(max(num_tokens, 0), self.block_size)
-        if len(blocks) > keep:
+        if len(tables[0]) > keep:
             assert self.num_cached_blocks.get(request.request_id, 0) <= keep
-            tail = blocks[keep:]
-            del blocks[keep:]
-            self.block_pool.free_blocks(reversed(tail))
-        return len(blocks)
+            tail = [b for table in tables for b in reversed(table[keep:]) if not b.is_null]
+            for table in tables:
+                del table[keep:]
+            self.block_pool.free_blocks(tail)
+        return len(tables[0])

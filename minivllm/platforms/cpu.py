@@ -23,6 +23,11 @@ class CpuPlatform(Platform):
     device_type = "cpu"
     dispatch_key = "CPU"
 
+    def support_hybrid_kv_cache(self) -> bool:
+        """minivllm's KV cache groups (sliding-window layers freeing blocks) are plain
+        bookkeeping plus the CPU attention backend's windows: supported here."""
+        return True
+
     def check_and_update_config(self, vllm_config: VllmConfig) -> None:
         super().check_and_update_config(vllm_config)
         device_type = vllm_config.device_config.device_type

@@ -14,7 +14,7 @@ generated.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from minivllm.kv_cache.manager import KVCacheManager
@@ -110,8 +110,15 @@ class Scheduler:
             )
 
     @classmethod
-    def from_config(cls, vllm_config: SchedulingConfig, num_blocks: int) -> Scheduler:
-        """Build the scheduler and its KV cache manager from a resolved `VllmConfig`."""
+    def from_config(
+        cls,
+        vllm_config: SchedulingConfig,
+        num_blocks: int,
+        kv_group_windows: Sequence[int | None] = (None,),
+    ) -> Scheduler:
+        """Build the scheduler and its KV cache manager from a resolved `VllmConfig`;
+        ``kv_group_windows``: the sliding window of each KV cache group (the worker's
+        `KVCacheGroups.windows`; one full-attention group by default)."""
         sched = vllm_config.scheduler_config
         cache = vllm_config.cache_config
         if vllm_config.model_config is None:
@@ -128,6 +135,8 @@ class Scheduler:
             enable_caching=cache.enable_prefix_caching,
             hash_algo=cache.prefix_caching_hash_algo,
             max_model_len=max_model_len,
+            group_windows=kv_group_windows,
+            max_num_batched_tokens=sched.max_num_batched_tokens,
         )
         # Speculative decoding may reserve part of the batch: the scheduler hands out
         # max_num_scheduled_tokens when the config sets it (None: the whole budget).

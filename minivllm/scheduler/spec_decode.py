@@ -61,7 +61,7 @@ class SpecDecodeState:
             request.spec_decode = RequestSpecDecodeStats()
         request.spec_decode.observe_draft(num_drafts, num_accepted)
         manager = self.kv_cache_manager
-        before = len(manager.req_to_blocks.get(request.request_id, ()))
+        before = manager.num_table_blocks(request.request_id)
         kept = manager.trim_blocks(request, request.num_computed_tokens + self.num_lookahead_tokens)
         if kept < before:
             self.kept_blocks[request.request_id] = kept

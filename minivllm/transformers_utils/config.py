@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minivllm.logger import init_logger
+from minivllm.transformers_utils.gguf_families import gemma3_kwargs, gguf_rope_parameters
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -41,6 +42,7 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("LlamaForCausalLM", "LlamaConfig"),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config"),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
 }
 
 # Tensor types that hold plain floating point values; anything else is quantized.
@@ -291,17 +293,7 @@ def gguf_to_hf_config(path: str | Path) -> PretrainedConfig:
     num_heads = int(get("attention.head_count", required=True))
     tokens = md.get("tokenizer.ggml.tokens")
     vocab_size = len(tokens) if tokens is not None else get("vocab_size", required=True)
-    rope: dict[str, Any] = {
-        "rope_type": "default",
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
-    }
-    scaling = get("rope.scaling.type")
-    if scaling in ("linear", "yarn") and get("rope.scaling.factor"):
-        rope["rope_type"] = scaling
-        rope["factor"] = float(get("rope.scaling.factor"))
-        original = get("rope.scaling.original_context_length")
-        if original:
-            rope["original_max_position_embeddings"] = int(original)
+    rope = gguf_rope_parameters(get)
     kwargs: dict[str, Any] = {
         "architectures": [hf_arch],
         "vocab_size": int(vocab_size),
@@ -320,8 +312,10 @@ def gguf_to_hf_config(path: str | Path) -> PretrainedConfig:
         "pad_token_id": md.get("tokenizer.ggml.padding_token_id"),
         "dtype": gguf_checkpoint_dtype(header),
     }
-    if arch in ("llama", "qwen3"):
+    if arch in ("llama", "qwen3", "gemma3"):
         kwargs["head_dim"] = int(get("attention.key_length", hidden_size // num_heads))
+    if arch == "gemma3":
+        kwargs.update(gemma3_kwargs(get, kwargs, rope))
     config = getattr(transformers, config_cls_name)(**kwargs)
     config._name_or_path = str(path)
     return config

@@ -61,9 +61,19 @@ def pad_step_inputs(
     input_ids = torch.cat([input_ids, zeros])
     positions = torch.cat([positions, positions.new_zeros(extra)])
     if md is not None:
-        slots = torch.cat([md.slot_mapping, md.slot_mapping.new_full((extra,), -1)])
-        md = dataclasses.replace(md, slot_mapping=slots)
+        md = _pad_slots(md, extra)
     return input_ids, positions, md
+
+
+def _pad_slots(md: AttentionMetadata, extra: int) -> AttentionMetadata:
+    """``md`` with ``extra`` padding slots (-1), in every KV cache group."""
+    slots = torch.cat([md.slot_mapping, md.slot_mapping.new_full((extra,), -1)])
+    if md.group_metadata is None:
+        return dataclasses.replace(md, slot_mapping=slots)
+    rest = [_pad_slots(g, extra) for g in md.group_metadata[1:]]
+    first = dataclasses.replace(md, slot_mapping=slots, group_metadata=None)
+    first.group_metadata = (first, *rest)
+    return first
 
 
 class ForwardRunner:
@@ -232,6 +242,9 @@ class ForwardRunner:
             mode == CUDAGraphMode.FULL
             and self._full is not None
             and self._full.has(padded, uniform)
+            # The graph buffers hold one block table: models with several KV cache
+            # groups (sliding windows) run outside FULL graphs.
+            and (md is None or md.group_metadata is None)
         ):
             self._ids[:n].copy_(input_ids)
             self._ids[n:padded].zero_()

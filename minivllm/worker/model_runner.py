@@ -20,6 +20,7 @@ from minivllm.attention.paged_kv import (
 )
 from minivllm.config.vllm import set_current_vllm_config
 from minivllm.distributed import get_pp_group, get_world_group
+from minivllm.kv_cache.groups import KVCacheGroups, plan_kv_cache_groups
 from minivllm.logger import init_logger
 from minivllm.model_executor.custom_op import op_registry
 from minivllm.model_executor.layers.cpu_gemm import pack_linear_weights
@@ -56,6 +57,8 @@ class ModelRunner:
         self.forward_runner: ForwardRunner | None = None
         self.attn_layers: dict[str, Any] = {}
         self.kv_caches: list[torch.Tensor] = []
+        self.kv_groups: KVCacheGroups | None = None
+        """How the attention layers share KV blocks (set by `load_model`)."""
         self.vocab_size: int = self.model_config.get_vocab_size()
         # Speculative decoding: proposes drafts; its sampling path verifies them.
         self.spec: SpecDecoder | None = None
@@ -78,6 +81,19 @@ class ModelRunner:
         if packed:
             logger.info("packed %d linear weights for oneDNN GEMMs", packed)
         self.attn_layers = get_attention_layers(self.model)
+        # Without the hybrid KV cache manager every layer keeps a whole-context table
+        # (attention still honours each layer's window).
+        one_layout = self.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
+        self.kv_groups = plan_kv_cache_groups(
+            [None if one_layout else layer.sliding_window for layer in self.attn_layers.values()]
+        )
+        if self.kv_groups.is_hybrid:
+            logger.info(
+                "KV cache groups: %d (sliding windows %s), %d layers' worth per block",
+                self.kv_groups.num_groups,
+                self.kv_groups.windows,
+                self.kv_groups.num_slots,
+            )
         # Compilation (CompilationConfig.mode) and CUDA graphs: see worker/forward_runner.py.
         self.forward_runner = ForwardRunner(
             self.model, self.vllm_config, self.attn_layers, self.device
@@ -94,7 +110,9 @@ class ModelRunner:
             mc.get_num_kv_heads(self.vllm_config.parallel_config),
             mc.get_head_size(),
             self.kv_cache_dtype,
-            num_layers=len(self.attn_layers) or mc.get_total_num_hidden_layers(),
+            num_layers=self.kv_groups.num_slots
+            if self.kv_groups is not None
+            else mc.get_total_num_hidden_layers(),
         )
         # A draft model keeps its KV in the same blocks (same block tables).
         draft = self.spec.kv_cache_bytes_per_block(self.block_size) if self.spec else 0
@@ -102,8 +120,10 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         mc = self.model_config
+        groups = self.kv_groups
+        assert groups is not None, "load_model() first"
         self.kv_caches = allocate_kv_caches(
-            len(self.attn_layers),
+            groups.num_slots,
             num_blocks,
             self.block_size,
             mc.get_num_kv_heads(self.vllm_config.parallel_config),
@@ -111,11 +131,17 @@ class ModelRunner:
             self.kv_cache_dtype,
             self.device,
         )
-        bind_kv_caches(self.attn_layers, self.kv_caches)
+        # Layers of different groups share a tensor: a block id is used by one group.
+        per_layer = [self.kv_caches[slot] for slot in groups.layer_slot]
+        bind_kv_caches(self.attn_layers, per_layer, groups.layer_group)
         if self.spec is not None:
             self.spec.initialize_kv_cache(num_blocks, self.block_size)
         assert self.forward_runner is not None, "load_model() first"
         self.forward_runner.capture_cudagraphs()
+
+    @property
+    def num_kv_groups(self) -> int:
+        return 1 if self.kv_groups is None else self.kv_groups.num_groups
 
     # -- per step -----------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> dict[str, str]:
@@ -143,8 +169,8 @@ class ModelRunner:
             kept = cached.num_kept_blocks[i] if i < len(cached.num_kept_blocks) else None
             if kept is not None:
                 # The scheduler freed the blocks that held only rejected drafts.
-                del state.block_ids[kept:]
-            state.block_ids.extend(new_blocks)
+                state.truncate_block_ids(kept, self.num_kv_groups)
+            state.append_block_ids(new_blocks, self.num_kv_groups)
             state.num_computed_tokens = num_computed
         return failed
 
@@ -171,6 +197,7 @@ class ModelRunner:
             self.block_size,
             self.device,
             so.scheduled_spec_decode_tokens,
+            self.num_kv_groups,
         )
         hidden = self.forward_runner.run(inputs.input_ids, inputs.positions, inputs.attn_metadata)
         # Only the last pipeline stage holds the final hidden states.

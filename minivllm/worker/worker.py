@@ -27,6 +27,7 @@ from minivllm.distributed.parallel_state import (
     initialize_model_parallel,
     local_device,
 )
+from minivllm.kv_cache.groups import max_blocks_per_request
 from minivllm.logger import init_logger
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.worker.model_runner import ModelRunner
@@ -154,7 +155,13 @@ class Worker:
         block_size = self.vllm_config.cache_config.block_size
         # Enough for every sequence at full length, but no more than the default
         # space and a quarter of the memory that is free now.
-        needed = sched.max_num_seqs * -(-max_len // block_size) + 1
+        groups = self.model_runner.kv_groups
+        per_request = (
+            max_blocks_per_request(groups, max_len, block_size, sched.max_num_batched_tokens)
+            if groups is not None
+            else -(-max_len // block_size)
+        )
+        needed = sched.max_num_seqs * per_request + 1
         budget = min(DEFAULT_CPU_KV_CACHE_BYTES, psutil.virtual_memory().available // 4)
         # The ranks of one machine share its memory: the default is for all of them.
         budget //= self.vllm_config.parallel_config.world_size

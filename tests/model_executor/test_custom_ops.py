@@ -27,6 +27,7 @@ def stand_in_config(custom_ops: list[str]) -> types.SimpleNamespace:
         cache_config=CacheConfig(),
         attention_config=AttentionConfig(),
         device_config=DeviceConfig(device="cpu"),
+        model_config=None,
     )
 
 
@@ -111,6 +112,42 @@ def test_rotary_matches_hf_llama3_scaling():
     hf = LlamaRotaryEmbedding(cfg)
     ours = RotaryEmbedding(32, 32, 256, rope_parameters_from_config(cfg))
     torch.testing.assert_close(ours.inv_freq, hf.inv_freq.float())
+
+
+@pytest.mark.parametrize("attention_factor", [None, 1.25])
+def test_rotary_matches_hf_yarn_scaling(attention_factor):
+    """YaRN: HF's frequencies and its cos/sin scaled by the attention factor."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from minivllm.model_executor.layers.rotary_embedding import rope_parameters_from_config
+
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 1e4,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+    }
+    if attention_factor is not None:
+        rope["attention_factor"] = attention_factor
+    cfg = LlamaConfig(
+        hidden_size=64, num_attention_heads=2, max_position_embeddings=256, rope_parameters=rope
+    )
+    hf = LlamaRotaryEmbedding(cfg)
+    ours = RotaryEmbedding(32, 32, 256, rope_parameters_from_config(cfg))
+    torch.testing.assert_close(ours.inv_freq, hf.inv_freq.float())
+    assert ours.mscale == pytest.approx(hf.attention_scaling)
+    assert ours.mscale != 1.0
+    positions = torch.arange(0, 256, 17)
+    x = torch.zeros(1, positions.numel(), 32)
+    cos, sin = hf(x, positions[None])
+    q = torch.randn(positions.numel(), 32)
+    k = torch.randn(positions.numel(), 32)
+    rot_q = q * cos[0] + torch.cat([-q[:, 16:], q[:, :16]], -1) * sin[0]
+    for q_out, _ in (ours.forward_native(positions, q, k), ours.forward_optimized(positions, q, k)):
+        torch.testing.assert_close(q_out, rot_q, atol=1e-5, rtol=1e-5)
 
 
 def test_counters_follow_custom_ops_flags():

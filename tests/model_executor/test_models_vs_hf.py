@@ -1,4 +1,4 @@
-"""Tiny random Llama / Qwen2 / Qwen3 checkpoints: our logits equal HF's (float32)."""
+"""Tiny random Llama / Qwen2 / Qwen3 / Gemma 3 checkpoints: our logits equal HF's (float32)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,22 @@ CASES = {
         "Qwen3Config",
         "Qwen3ForCausalLM",
         dict(tie_word_embeddings=False, head_dim=32),
+    ),
+    # A 5-token window on the local layer (the prompts are longer), its own rope base,
+    # and a query scale other than the head size.
+    "gemma3-window": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            head_dim=32,
+            query_pre_attn_scalar=20,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
+            },
+        ),
     ),
 }
 ATOL = 1e-4
@@ -101,3 +117,39 @@ def test_registry_rejects_unknown_architecture():
     assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"} <= set(
         supported_architectures()
     )
+
+
+def test_gemma3_engine_groups_and_single_layout_agree(tmp_path) -> None:
+    """The engine on a tiny Gemma 3 (local window 5): with KV cache groups the local
+    layer frees blocks; with disable_hybrid_kv_cache_manager one whole-context table
+    serves every layer.  Greedy tokens are the same, and HF picks them too."""
+    from minivllm import LLM, SamplingParams
+
+    cfg_name, arch, extra = CASES["gemma3-window"]
+    hf, _ = save_random_hf_model(tmp_path, cfg_name, arch, max_position_embeddings=128, **extra)
+    prompt = torch.randint(0, 128, (23,), generator=torch.Generator().manual_seed(7)).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    results = {}
+    for disable in (False, True):
+        llm = LLM(
+            model=str(tmp_path),
+            dtype="float32",
+            skip_tokenizer_init=True,
+            optimization_level=0,
+            block_size=8,
+            max_num_batched_tokens=8,
+            num_gpu_blocks_override=64,
+            disable_hybrid_kv_cache_manager=disable,
+        )
+        manager = llm.llm_engine.scheduler.kv_cache_manager
+        results[disable] = (
+            manager.group_windows,
+            llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
+            .outputs[0]
+            .token_ids,
+        )
+    assert results[False][0] == (None, 5) and results[True][0] == (None,)
+    tokens = list(results[False][1])
+    assert tokens == list(results[True][1])
+    picks = hf_logits(hf, prompt + tokens)[len(prompt) - 1 : -1].argmax(-1).tolist()
+    assert picks == tokens

@@ -47,14 +47,14 @@ def test_drafts_are_verified_and_rejected_ones_rolled_back() -> None:
     # The sampled token plus its three drafts, in one query.
     assert so.num_scheduled_tokens == {"a": 4}
     assert so.scheduled_spec_decode_tokens == {"a": [8, 9, 10]}
-    assert len(manager.req_to_blocks["a"]) == 3  # slots for 6 + 4 = 10 tokens
+    assert len(manager.req_to_blocks["a"][0]) == 3  # slots for 6 + 4 = 10 tokens
     free_before = manager.num_free_blocks
     # The target accepts 8, rejects 9 and picks 42 itself.
     sched.update_from_output(so, ModelRunnerOutput(["a"], [[8, 42]], spec_token_ids=[[1, 2]]))
     assert req.all_token_ids == [*PROMPT, 7, 8, 42]
     assert req.num_computed_tokens == 8  # KV up to 8; 42 is computed next step
     # The block that held only the rejected drafts went back to the pool.
-    assert len(manager.req_to_blocks["a"]) == 2
+    assert len(manager.req_to_blocks["a"][0]) == 2
     assert manager.num_free_blocks == free_before + 1
     # Prefix-cache hashes cover accepted tokens only: two full blocks.
     assert len(req.block_hashes) == 2
@@ -91,11 +91,11 @@ def test_lookahead_slots_are_reserved_and_kept_for_a_draft_model() -> None:
     req = prefill(sched, "a", [8, 9, 10])
     # Prefill of 6 plus 3 lookahead slots: 9 tokens, 3 blocks.
     so = sched.schedule()
-    assert len(manager.req_to_blocks["a"]) == 4  # 6 + 4 + 3 lookahead = 13 slots
+    assert len(manager.req_to_blocks["a"][0]) == 4  # 6 + 4 + 3 lookahead = 13 slots
     sched.update_from_output(so, ModelRunnerOutput(["a"], [[5]], spec_token_ids=[[]]))
     # Nothing accepted: computed 7, plus the drafter's 3 lookahead slots -> 10: 3 blocks.
     assert req.num_computed_tokens == 7
-    assert len(manager.req_to_blocks["a"]) == 3
+    assert len(manager.req_to_blocks["a"][0]) == 3
 
 
 def test_drafts_are_cut_to_what_max_tokens_leaves() -> None:

@@ -10,6 +10,10 @@ shifted so query ``i`` sees context positions ``<= seq_len - query_len + i``.
 Everything that depends only on the step's metadata (which requests decode, their
 padded key mask, the slots to write) is worked out once per step in a `StepPlan`
 and reused by every layer: per layer only the gathers and the SDPA calls remain.
+Sliding-window layers get a plan of their own (one per window size): query ``p``
+sees keys ``p - window + 1 .. p``; a prefill gathers only the blocks from the first
+key any of its queries sees, so blocks that fell out of the window (which the KV
+cache manager may have handed to another request) are never read.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class PrefillSpan:
     mask: torch.Tensor | None
     """Causal mask shifted to the end of a cached context; None for a plain causal
     prompt (SDPA's ``is_causal``) or a single row."""
+    first_block: int = 0
+    """First block of the table that any query sees (non-zero with a sliding window)."""
 
 
 @dataclass
@@ -81,8 +87,10 @@ class StepPlan:
     prefills: list[PrefillSpan]
 
 
-def build_step_plan(md: AttentionMetadata, block_size: int) -> StepPlan:
-    """Derive a `StepPlan` from ``md`` (runs once per step, not once per layer)."""
+def build_step_plan(
+    md: AttentionMetadata, block_size: int, sliding_window: int | None = None
+) -> StepPlan:
+    """Derive a `StepPlan` from ``md`` (runs once per step and window, not per layer)."""
     device = md.block_tables.device
     qsl = md.query_start_loc_cpu
     if qsl is None:
@@ -97,25 +105,7 @@ def build_step_plan(md: AttentionMetadata, block_size: int) -> StepPlan:
         decode_reqs = []  # a lone decode row is as cheap on the prefill path
     decode = None
     if decode_reqs:
-        lens = [seq_lens[i] for i in decode_reqs]
-        max_len = max(lens)
-        padded = -(-max_len // block_size) * block_size
-        key_mask = (
-            torch.arange(padded, device=device)[None, :]
-            < torch.tensor(lens, device=device)[:, None]
-        )
-        token_rows = [qsl[i] for i in decode_reqs]
-        contiguous = token_rows == list(range(len(token_rows)))
-        all_decode = len(decode_reqs) == num_reqs
-        decode = DecodeGroup(
-            rows=None if contiguous else torch.tensor(token_rows, device=device),
-            num=len(decode_reqs),
-            block_tables=md.block_tables
-            if all_decode
-            else md.block_tables.index_select(0, torch.tensor(decode_reqs, device=device)),
-            max_seq_len=max_len,
-            key_mask=key_mask[:, None, None, :],
-        )
+        decode = _decode_group(md, qsl, seq_lens, decode_reqs, block_size, sliding_window)
     prefills = []
     decode_set = set(decode_reqs)
     for i in range(num_reqs):
@@ -124,12 +114,66 @@ def build_step_plan(md: AttentionMetadata, block_size: int) -> StepPlan:
             continue
         seq_len = seq_lens[i]
         mask = None
-        if 1 < query_len < seq_len:
+        first_block = 0
+        if sliding_window is not None and seq_len > sliding_window:
+            first_key = max(0, seq_len - query_len - sliding_window + 1)
+            first_block = first_key // block_size
+            q_pos = torch.arange(seq_len - query_len, seq_len, device=device)[:, None]
+            k_pos = torch.arange(first_block * block_size, seq_len, device=device)[None, :]
+            mask = (k_pos <= q_pos) & (k_pos > q_pos - sliding_window)
+        elif 1 < query_len < seq_len:
             # The query is the tail of the sequence: shift the causal diagonal right.
             q_pos = torch.arange(seq_len - query_len, seq_len, device=device)
             mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
-        prefills.append(PrefillSpan(i, qsl[i], qsl[i + 1], seq_len, mask))
+        prefills.append(PrefillSpan(i, qsl[i], qsl[i + 1], seq_len, mask, first_block))
     return StepPlan(write_slots, write_rows, decode, prefills)
+
+
+def _decode_group(
+    md: AttentionMetadata,
+    qsl: list[int],
+    seq_lens: list[int],
+    decode_reqs: list[int],
+    block_size: int,
+    sliding_window: int | None,
+) -> DecodeGroup:
+    """The padded batch of one-token requests; with a sliding window each request's
+    table starts at the block of its window's first key (so a long context gathers
+    only about a window of keys, and never the blocks freed before it)."""
+    device = md.block_tables.device
+    lens = [seq_lens[i] for i in decode_reqs]
+    all_decode = len(decode_reqs) == len(seq_lens)
+    tables = (
+        md.block_tables
+        if all_decode
+        else md.block_tables.index_select(0, torch.tensor(decode_reqs, device=device))
+    )
+    lens_t = torch.tensor(lens, device=device)[:, None]
+    if sliding_window is None:
+        max_len = max(lens)
+        padded = -(-max_len // block_size) * block_size
+        key_pos = torch.arange(padded, device=device)[None, :]
+        key_mask = key_pos < lens_t
+    else:
+        first = [max(0, n - sliding_window) // block_size for n in lens]
+        num_blocks = max(-(-n // block_size) - f for n, f in zip(lens, first, strict=True))
+        first_t = torch.tensor(first, device=device)[:, None]
+        cols = (first_t + torch.arange(num_blocks, device=device)[None, :]).clamp_(
+            max=tables.shape[1] - 1
+        )
+        tables = tables.gather(1, cols.to(tables.dtype))
+        max_len = num_blocks * block_size
+        key_pos = first_t * block_size + torch.arange(max_len, device=device)[None, :]
+        key_mask = (key_pos < lens_t) & (key_pos >= lens_t - sliding_window)
+    token_rows = [qsl[i] for i in decode_reqs]
+    contiguous = token_rows == list(range(len(token_rows)))
+    return DecodeGroup(
+        rows=None if contiguous else torch.tensor(token_rows, device=device),
+        num=len(decode_reqs),
+        block_tables=tables,
+        max_seq_len=max_len,
+        key_mask=key_mask[:, None, None, :],
+    )
 
 
 class CpuSdpaBackend:
@@ -139,11 +183,14 @@ class CpuSdpaBackend:
 
     def plan(self, layer: Any, md: AttentionMetadata) -> StepPlan:
         """This step's plan, built by the first layer that asks."""
-        plan = md.backend_plan.get(self.name)
+        # getattr: layers built before sliding windows existed (test stand-ins) lack it.
+        window = getattr(layer, "sliding_window", None)
+        key = self.name if window is None else f"{self.name}/window={window}"
+        plan = md.backend_plan.get(key)
         if plan is None:
             assert layer.kv_cache is not None
-            plan = build_step_plan(md, layer.kv_cache.shape[2])
-            md.backend_plan[self.name] = plan
+            plan = build_step_plan(md, layer.kv_cache.shape[2], window)
+            md.backend_plan[key] = plan
         return plan
 
     def write_kv(
@@ -170,12 +217,20 @@ class CpuSdpaBackend:
         """Fill ``output`` [T, nh, hd] with attention of ``query`` [T, nh, hd]."""
         if md is None:
             # Profiling / dummy run: the batch is one causal sequence, no cache.
+            window = getattr(layer, "sliding_window", None)
+            t = query.shape[0]
+            mask = None
+            if window is not None and t > window:
+                pos = torch.arange(t, device=query.device)
+                diff = pos[:, None] - pos[None, :]
+                mask = (diff >= 0) & (diff < window)
             out = _sdpa(
                 query.transpose(0, 1)[None],
                 key.transpose(0, 1)[None],
                 value.transpose(0, 1)[None],
                 layer.scale,
-                is_causal=True,
+                mask=mask,
+                is_causal=mask is None,
             )
             output.copy_(out[0].transpose(0, 1))
             return
@@ -197,8 +252,14 @@ class CpuSdpaBackend:
         out: torch.Tensor,
     ) -> None:
         query_len = q.shape[0]
+        skipped = span.first_block * layer.kv_cache.shape[2]
         k, v = gather_kv(
-            layer.kv_cache, block_table, span.seq_len, q.dtype, layer.k_scale, layer.v_scale
+            layer.kv_cache,
+            block_table[span.first_block :],
+            span.seq_len - skipped,
+            q.dtype,
+            layer.k_scale,
+            layer.v_scale,
         )
         res = _sdpa(
             q.transpose(0, 1)[None],
@@ -206,7 +267,7 @@ class CpuSdpaBackend:
             v.transpose(0, 1)[None],
             layer.scale,
             mask=span.mask,
-            is_causal=query_len == span.seq_len and query_len > 1,
+            is_causal=span.mask is None and query_len == span.seq_len and query_len > 1,
         )
         out.copy_(res[0].transpose(0, 1))
 

@@ -5,7 +5,8 @@ host syncs), so a FULL CUDA graph captured at one padded size replays for any
 batch of that size: per token, its request is found with ``searchsorted`` over
 ``query_start_loc`` and its context length from ``seq_lens``; padding tokens
 (slot -1) write nothing and attend to nothing.  One program handles one
-(token, query head) and streams the request's KV blocks with an online softmax.
+(token, query head) and streams the request's KV blocks with an online softmax;
+for a sliding-window layer it starts at the block of the oldest key in the window.
 
 Imported only on CUDA (see `minivllm.attention.backends.get_attn_backend`), so a
 CPU install never imports triton.  Not exercised in CPU test runs; the ``gpu``
@@ -61,13 +62,18 @@ def _paged_attention_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_c0, stride_cb, stride_cs, stride_ch, stride_bt,
     QUERIES_PER_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, SLIDING_WINDOW: tl.constexpr,
 ):  # fmt: skip
     tok = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // QUERIES_PER_KV
     req = tl.load(req_ptr + tok)
     ctx = tl.load(ctx_ptr + tok)
+    # A sliding-window layer sees keys ctx - SLIDING_WINDOW .. ctx - 1 only: start at
+    # the block of the first one (earlier blocks may already belong to other requests).
+    first_key = 0
+    if SLIDING_WINDOW > 0:
+        first_key = tl.maximum(ctx - SLIDING_WINDOW, 0)
     d = tl.arange(0, HEAD_DIM_P2)
     dmask = d < HEAD_DIM
     q = tl.load(q_ptr + tok * stride_qt + head * stride_qh + d, mask=dmask, other=0.0)
@@ -78,9 +84,10 @@ def _paged_attention_kernel(
     m = tl.full([1], float("-inf"), tl.float32)
     denom = tl.zeros([1], tl.float32)
     acc = tl.zeros([HEAD_DIM_P2], tl.float32)
-    for b in range(0, tl.cdiv(ctx, BLOCK_SIZE)):
+    for b in range(first_key // BLOCK_SIZE, tl.cdiv(ctx, BLOCK_SIZE)):
         block = tl.load(tables_ptr + req * stride_bt + b)
-        smask = b * BLOCK_SIZE + s_off < ctx
+        key_pos = b * BLOCK_SIZE + s_off
+        smask = (key_pos < ctx) & (key_pos >= first_key)
         base = cache_ptr + block * stride_cb + kv_head * stride_ch
         ptrs = base + s_off[:, None] * stride_cs + d[None, :]
         lmask = smask[:, None] & dmask[None, :]
@@ -179,6 +186,7 @@ class TritonPagedBackend:
             md.block_tables.stride(0),
             QUERIES_PER_KV=nh // cache.shape[3], BLOCK_SIZE=cache.shape[2],
             HEAD_DIM=hd, HEAD_DIM_P2=triton.next_power_of_2(hd),
+            SLIDING_WINDOW=getattr(layer, "sliding_window", None) or 0,
         )  # fmt: skip
 
 

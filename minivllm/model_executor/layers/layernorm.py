@@ -54,3 +54,27 @@ class RMSNorm(CustomOp):
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.variance_epsilon}, {super().extra_repr()}"
+
+
+@CustomOp.register("gemma_rms_norm")
+class GemmaRMSNorm(CustomOp):
+    """Gemma's RMSNorm: scales by ``1 + weight`` (the stored weight is an offset from
+    one) and does the whole computation in float32 before casting back, as HF does."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.variance_epsilon = eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.variance_epsilon)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward_optimized(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (self.hidden_size,), None, self.variance_epsilon)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.variance_epsilon}, {super().extra_repr()}"

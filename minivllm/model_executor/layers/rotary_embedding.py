@@ -9,7 +9,7 @@ import torch
 
 from minivllm.model_executor.custom_op import CustomOp
 
-_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def rope_parameters_from_config(hf_config: Any) -> dict[str, Any]:
@@ -29,15 +29,60 @@ def rope_parameters_from_config(hf_config: Any) -> dict[str, Any]:
     return params
 
 
-def _inv_freq(rotary_dim: int, params: dict[str, Any]) -> torch.Tensor:
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(
+    rotary_dim: int, inv_freq: torch.Tensor, params: dict[str, Any], max_position: int
+) -> tuple[torch.Tensor, float]:
+    """YaRN: interpolate the low frequencies by ``factor``, keep the high ones, ramp
+    linearly between the dimensions that turn ``beta_fast`` and ``beta_slow`` times
+    over the original context; cos/sin are scaled by the attention factor."""
+    base = float(params["rope_theta"])
+    factor = float(params["factor"])
+    original = float(params.get("original_max_position_embeddings") or max_position)
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = _yarn_mscale(factor)
+    beta_fast = float(params.get("beta_fast") or 32)
+    beta_slow = float(params.get("beta_slow") or 1)
+
+    def correction_dim(num_rotations: float) -> float:
+        return (
+            rotary_dim * math.log(original / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+        )
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolate = 1 - ramp
+    blended = (inv_freq / factor) * (1 - extrapolate) + inv_freq * extrapolate
+    return blended, float(attention_factor)
+
+
+def _inv_freq(
+    rotary_dim: int, params: dict[str, Any], max_position: int = 2048
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies of the rope type, and the factor cos/sin are scaled by."""
     base = float(params["rope_theta"])
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     inv_freq = 1.0 / (base**exponents)
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
-        return inv_freq
+        return inv_freq, 1.0
     if rope_type == "linear":
-        return inv_freq / float(params["factor"])
+        return inv_freq / float(params["factor"]), 1.0
+    if rope_type == "yarn":
+        return _yarn(rotary_dim, inv_freq, params, max_position)
     if rope_type == "llama3":
         # Llama 3.1: keep high frequencies, divide low ones by `factor`, blend between.
         factor = float(params["factor"])
@@ -49,7 +94,7 @@ def _inv_freq(rotary_dim: int, params: dict[str, Any]) -> torch.Tensor:
         smooth = (old_ctx / wavelen - low_ff) / (high_ff - low_ff)
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_ctx / high_ff) & (wavelen <= old_ctx / low_ff)
-        return torch.where(medium, blended, scaled)
+        return torch.where(medium, blended, scaled), 1.0
     raise ValueError(
         f"rope_type {rope_type!r} is not supported; supported: {', '.join(_SUPPORTED_ROPE_TYPES)}"
     )
@@ -74,13 +119,14 @@ class RotaryEmbedding(CustomOp):
         self.head_size = head_size
         self.rotary_dim = rotary_dim
         self.max_position = max_position
-        inv_freq = _inv_freq(rotary_dim, rope_parameters)
+        inv_freq, self.mscale = _inv_freq(rotary_dim, rope_parameters, max_position)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
         # Kept as a float32 buffer; cast at use so a bf16 model keeps full-precision angles.
-        self.register_buffer(
-            "cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False
-        )
+        cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+        if self.mscale != 1.0:
+            cos_sin = cos_sin * self.mscale
+        self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
@@ -99,6 +145,8 @@ class RotaryEmbedding(CustomOp):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq.float()[None, :]
         cos, sin = freqs.cos(), freqs.sin()
+        if self.mscale != 1.0:
+            cos, sin = cos * self.mscale, sin * self.mscale
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def forward_optimized(

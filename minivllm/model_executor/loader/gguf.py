@@ -44,6 +44,13 @@ _PER_BLOCK = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 norms around each sub-block (its ffn_norm precedes the MLP).
+_GEMMA3_PER_BLOCK = {
+    **_PER_BLOCK,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 # Tensors we derive from the config instead (llama3 rope factors).
 _IGNORED = {"rope_freqs.weight"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
@@ -58,16 +65,17 @@ def is_gguf_file(path: str | os.PathLike[str]) -> bool:
         return f.read(4) == b"GGUF"
 
 
-def gguf_to_hf_name(name: str) -> str | None:
+def gguf_to_hf_name(name: str, arch: str = "llama") -> str | None:
     """HF parameter name for a GGUF tensor name (None for tensors we skip)."""
     if name in _IGNORED:
         return None
+    per_block = _GEMMA3_PER_BLOCK if arch == "gemma3" else _PER_BLOCK
     m = _BLOCK_RE.fullmatch(name)
     if m:
         layer, part, kind = m.groups()
-        if part not in _PER_BLOCK:
+        if part not in per_block:
             raise ValueError(f"GGUF tensor {name!r} has no counterpart in our models")
-        return f"model.layers.{layer}.{_PER_BLOCK[part]}.{kind}"
+        return f"model.layers.{layer}.{per_block[part]}.{kind}"
     base, _, kind = name.rpartition(".")
     if base in _TOP_LEVEL:
         return f"{_TOP_LEVEL[base]}.{kind}"
@@ -96,11 +104,14 @@ def read_gguf_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     num_kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or num_heads
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        hf_name = gguf_to_hf_name(t.name)
+        hf_name = gguf_to_hf_name(t.name, arch)
         if hf_name is None:
             continue
         shape = tuple(int(d) for d in reversed(t.shape))
         w = gguf_dequant.dequantize(t.data, t.tensor_type, shape)
+        if arch == "gemma3" and hf_name.endswith("norm.weight"):
+            # llama.cpp stores Gemma's norm scale as 1 + w; HF (and we) keep w.
+            w = w.float() - 1.0
         if arch == "llama" and num_heads:
             if ".q_proj." in hf_name:
                 w = unpermute_qk(w, int(num_heads))

@@ -50,7 +50,7 @@ from minivllm.config.unsupported.offload import (
 )
 from minivllm.config.unsupported.reasoning import ReasoningConfig
 from minivllm.config.unsupported.speculative import SpeculativeConfig
-from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
+from minivllm.config.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.vllm import (

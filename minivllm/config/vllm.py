@@ -69,7 +69,7 @@ from minivllm.config.unsupported.mamba import MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig
 from minivllm.config.unsupported.reasoning import ReasoningConfig
 from minivllm.config.unsupported.speculative import SpeculativeConfig
-from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
+from minivllm.config.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.utils import config, get_hash_factors, hash_factors
@@ -152,7 +152,7 @@ class VllmConfig:
     structured_outputs_config: StructuredOutputsConfig = field(
         default_factory=StructuredOutputsConfig
     )
-    """Structured outputs (unsupported: defaults only)."""
+    """Structured outputs: the grammar backend and its options."""
     observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     """Observability (metrics, tracing) configuration."""
     logging_config: LoggingConfig = field(default_factory=LoggingConfig)

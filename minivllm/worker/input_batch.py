@@ -11,6 +11,7 @@ from minivllm.attention.metadata import AttentionMetadata
 from minivllm.sample.metadata import make_request_generator
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler.output import NewRequestData
+from minivllm.structured_output.spec import GrammarMatcher
 
 
 @dataclass
@@ -24,6 +25,8 @@ class CachedRequestState:
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
+    grammar_matcher: GrammarMatcher | None = None
+    """The request's place in its grammar (structured outputs only)."""
 
     @classmethod
     def from_new(cls, data: NewRequestData, device: torch.device) -> CachedRequestState:
@@ -35,6 +38,7 @@ class CachedRequestState:
             num_computed_tokens=data.num_computed_tokens,
             output_token_ids=list(data.output_token_ids),
             generator=make_request_generator(data.sampling_params, device),
+            grammar_matcher=_start_matcher(data),
         )
 
     @property
@@ -49,6 +53,17 @@ class CachedRequestState:
         if start >= num_prompt:
             return self.output_token_ids[start - num_prompt : end - num_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]
+
+
+def _start_matcher(data: NewRequestData) -> GrammarMatcher | None:
+    """A fresh matcher, advanced over the tokens generated before a preemption."""
+    if data.grammar is None:
+        return None
+    matcher: GrammarMatcher = data.grammar.new_matcher()
+    for token_id in data.output_token_ids:
+        if not matcher.accept_token(token_id):
+            raise ValueError(f"token {token_id} of the output breaks the request's grammar")
+    return matcher
 
 
 @dataclass

@@ -27,6 +27,7 @@ from minivllm.sample.logprobs import compute_prompt_logprobs
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.sampler import Sampler
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from minivllm.structured_output.bitmask import GrammarBitmask, accept_tokens
 from minivllm.worker.forward_runner import ForwardRunner
 from minivllm.worker.input_batch import CachedRequestState, StepInputs, build_step_inputs
 
@@ -54,6 +55,7 @@ class ModelRunner:
         self.attn_layers: dict[str, Any] = {}
         self.kv_caches: list[torch.Tensor] = []
         self.vocab_size: int = self.model_config.get_vocab_size()
+        self.grammar_bitmask = GrammarBitmask(self.vocab_size, device)
 
     # -- set-up -------------------------------------------------------------
     def load_model(self) -> None:
@@ -156,8 +158,12 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             states = [self.states[r] for r in inputs.sample_req_ids]
             meta = SamplingMetadata.build(states, self.vocab_size, self.device)
+            matchers = [s.grammar_matcher for s in states]
+            meta.grammar_bitmask = self.grammar_bitmask.fill(matchers)
             out = self.sampler(logits, meta)
             tokens = out.sampled_token_ids.tolist()
+            if meta.grammar_bitmask is not None:
+                accept_tokens(inputs.sample_req_ids, matchers, tokens)
             row_entries = (
                 out.logprobs.to_entries(meta.num_logprobs)
                 if out.logprobs is not None

@@ -1,0 +1,49 @@
+"""``hermes``: calls wrapped in ``<tool_call>...</tool_call>`` tags, each holding one
+``{"name": ..., "arguments": {...}}`` object (Hermes, Qwen) or a list of them (SmolLM2)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from minivllm.entrypoints.openai.tool_parsers.base import (
+    ParsedToolCall,
+    ToolParser,
+    call_from_json,
+)
+
+START, END = "<tool_call>", "</tool_call>"
+# A closed call, or an unclosed one at the very end (generation stopped at EOS).
+_CALL = re.compile(re.escape(START) + r"(.*?)(?:" + re.escape(END) + r"|\Z)", re.DOTALL)
+
+
+class HermesToolParser(ToolParser):
+    name = "hermes"
+
+    def extract(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        start = text.find(START)
+        if start < 0:
+            return text, []
+        calls: list[ParsedToolCall] = []
+        for match in _CALL.finditer(text, start):
+            try:
+                body = json.loads(match.group(1).strip())
+            except json.JSONDecodeError:
+                return text, []  # a malformed call: hand the text back as content
+            for item in body if isinstance(body, list) else [body]:
+                call = call_from_json(item)
+                if call is None:
+                    return text, []
+                calls.append(call)
+        content = text[:start].strip()
+        return content or None, calls
+
+    def content_end(self, text: str) -> int:
+        start = text.find(START)
+        if start >= 0:
+            return start
+        # Hold back a suffix that could be the beginning of the start tag.
+        for keep in range(min(len(START) - 1, len(text)), 0, -1):
+            if START.startswith(text[-keep:]):
+                return len(text) - keep
+        return len(text)

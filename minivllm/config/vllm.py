@@ -57,6 +57,7 @@ from minivllm.config.provenance import Provenance
 from minivllm.config.quantization import QuantizationConfig, get_quant_config
 from minivllm.config.resolution import resolve
 from minivllm.config.scheduler import SchedulerConfig
+from minivllm.config.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.aux_output import AuxOutputConfig
 from minivllm.config.unsupported.diffusion import DiffusionConfig
 from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
@@ -69,7 +70,6 @@ from minivllm.config.unsupported.mamba import MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig
 from minivllm.config.unsupported.reasoning import ReasoningConfig
 from minivllm.config.unsupported.speculative import SpeculativeConfig
-from minivllm.config.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.utils import config, get_hash_factors, hash_factors

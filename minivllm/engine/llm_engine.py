@@ -24,8 +24,8 @@ from minivllm.structured_output.manager import StructuredOutputManager
 
 if TYPE_CHECKING:
     from minivllm.args.engine_args import EngineArgs
-    from minivllm.structured_output.spec import CompiledGrammar
     from minivllm.config.vllm import VllmConfig
+    from minivllm.structured_output.spec import CompiledGrammar
 
 logger = init_logger(__name__)
 

@@ -139,8 +139,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError(
-            "argument --enable-auto-tool-choice: needs --tool-call-parser (hermes or "
-            "llama3_json)"
+            "argument --enable-auto-tool-choice: needs --tool-call-parser (hermes or llama3_json)"
         )
     from minivllm.entrypoints.openai.api_server import run_server
 

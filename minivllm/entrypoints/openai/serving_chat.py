@@ -24,9 +24,6 @@ from minivllm.entrypoints.openai.protocol import (
     TokenizeChatRequest,
     random_id,
 )
-from minivllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser
-from minivllm.entrypoints.openai.tool_stream import ToolStream
-from minivllm.entrypoints.openai.tools import ToolPlan, conversation_entry
 from minivllm.entrypoints.openai.serving_engine import (
     SSE_DONE,
     OpenAIServing,
@@ -40,6 +37,9 @@ from minivllm.entrypoints.openai.serving_engine import (
     stream_usage_options,
     usage_of,
 )
+from minivllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser
+from minivllm.entrypoints.openai.tool_stream import ToolStream
+from minivllm.entrypoints.openai.tools import ToolPlan, conversation_entry
 from minivllm.outputs import Logprob, RequestOutput
 
 ROLE = "assistant"
@@ -143,7 +143,7 @@ class OpenAIServingChat(OpenAIServing):
                 if params.structured_outputs is not None:
                     raise OpenAIServingError(
                         f'tool_choice "{plan.mode}" constrains the output itself; drop '
-                        "response_format / structured_outputs or use tool_choice \"auto\"",
+                        'response_format / structured_outputs or use tool_choice "auto"',
                         param="tool_choice",
                     )
                 params.structured_outputs = constraint
@@ -182,9 +182,7 @@ class OpenAIServingChat(OpenAIServing):
             choices.append(
                 ChatCompletionResponseChoice(
                     index=completion.index,
-                    message=ChatResponseMessage(
-                        role=ROLE, content=content, tool_calls=tool_calls
-                    ),
+                    message=ChatResponseMessage(role=ROLE, content=content, tool_calls=tool_calls),
                     logprobs=logprobs,
                     finish_reason=finish_reason,
                     stop_reason=completion.stop_reason,
@@ -300,7 +298,7 @@ class OpenAIServingChat(OpenAIServing):
 
 
 def _finish_reason(plan: ToolPlan, reason: str | None, tools_called: bool) -> str | None:
-    """"tool_calls" when the model called tools of its own choice (auto) or as required;
+    """ "tool_calls" when the model called tools of its own choice (auto) or as required;
     a named function keeps the engine's reason ("stop"), as OpenAI and vLLM do."""
     if tools_called and plan.mode in ("auto", "required") and reason == "stop":
         return "tool_calls"

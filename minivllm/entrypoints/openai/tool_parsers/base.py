@@ -15,9 +15,9 @@ class ParsedToolCall:
     arguments: str
 
 
-def call_from_json(obj: Any, argument_keys: tuple[str, ...] = ("arguments", "parameters")) -> (
-    ParsedToolCall | None
-):
+def call_from_json(
+    obj: Any, argument_keys: tuple[str, ...] = ("arguments", "parameters")
+) -> ParsedToolCall | None:
     """A call from ``{"name": ..., "arguments"|"parameters": {...}}``, or None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None

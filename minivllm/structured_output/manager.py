@@ -84,6 +84,10 @@ class StructuredOutputManager:
         try:
             return self._compile("xgrammar", spec)
         except ValueError as first:
+            # Only a feature xgrammar lacks is worth a second try; a syntax error (a bad
+            # regex, say) would fail in llguidance too, after building its vocabulary.
+            if "nsupported" not in str(first):
+                raise
             if params.disable_fallback or self.config.disable_fallback:
                 raise
             try:

@@ -138,7 +138,7 @@ class OpenAIServingChat(OpenAIServing):
         params = self.make_params(request)
         plan = self.tool_plan(request)
         if plan is not None and request.tools:
-            constraint = plan.constraint(request.tools)
+            constraint = plan.constraint(request.tools, request.parallel_tool_calls)
             if constraint is not None:
                 if params.structured_outputs is not None:
                     raise OpenAIServingError(

@@ -147,11 +147,17 @@ class ToolPlan:
             raise ValueError(AUTO_NEEDS_FLAGS)
         return cls("auto", shown, parser=parser)
 
-    def constraint(self, tools: list[ChatCompletionToolsParam]) -> StructuredOutputsParams | None:
-        """The output constraint that enforces a named or required tool choice."""
+    def constraint(
+        self, tools: list[ChatCompletionToolsParam], parallel_tool_calls: bool | None = None
+    ) -> StructuredOutputsParams | None:
+        """The output constraint that enforces a named or required tool choice.
+
+        The JSON has no free whitespace: the server reads it, nobody else, and small
+        models otherwise tend to pad it with newlines until max_tokens.
+        """
         if self.mode == "named":
             [tool] = [t for t in tools if t.function.name == self.named][:1]
-            return StructuredOutputsParams(json=_parameters(tool))
+            return StructuredOutputsParams(json=_parameters(tool), disable_any_whitespace=True)
         if self.mode == "required":
             options = [
                 {
@@ -165,7 +171,10 @@ class ToolPlan:
                 for t in tools
             ]
             item = options[0] if len(options) == 1 else {"anyOf": options}
-            return StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": item})
+            schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": item}
+            if parallel_tool_calls is False:
+                schema["maxItems"] = 1
+            return StructuredOutputsParams(json=schema, disable_any_whitespace=True)
         return None
 
     def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:

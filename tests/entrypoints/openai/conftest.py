@@ -15,7 +15,11 @@ from server_utils import API_KEY, RemoteServer
 @pytest.fixture(scope="session")
 def server_process() -> Iterator[RemoteServer]:
     """The server process, started but maybe not ready (others may load meanwhile)."""
-    remote = RemoteServer("--api-key", API_KEY, "--max-log-len", "50")
+    remote = RemoteServer(
+        "--api-key", API_KEY, "--max-log-len", "50",
+        # tool_choice "auto" (tests/entrypoints/openai/test_openai_tools.py)
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    )  # fmt: skip
     try:
         yield remote
     finally:

@@ -17,6 +17,13 @@ START, END = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(START) + r"(.*?)(?:" + re.escape(END) + r"|\Z)", re.DOTALL)
 
 
+def _strip_partial_end(text: str) -> str:
+    for keep in range(min(len(END) - 1, len(text)), 0, -1):
+        if END.startswith(text[-keep:]):
+            return text[:-keep].rstrip()
+    return text
+
+
 class HermesToolParser(ToolParser):
     name = "hermes"
 
@@ -26,8 +33,11 @@ class HermesToolParser(ToolParser):
             return text, []
         calls: list[ParsedToolCall] = []
         for match in _CALL.finditer(text, start):
+            raw = match.group(1).strip()
+            if match.group(0).endswith(raw):  # unclosed: drop a cut-off end tag
+                raw = _strip_partial_end(raw)
             try:
-                body = json.loads(match.group(1).strip())
+                body = json.loads(raw)
             except json.JSONDecodeError:
                 return text, []  # a malformed call: hand the text back as content
             for item in body if isinstance(body, list) else [body]:

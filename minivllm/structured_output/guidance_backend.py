@@ -33,19 +33,45 @@ def close_objects(schema: Any) -> Any:
 
 
 class GuidanceMatcher:
-    """`GrammarMatcher` over an ``llguidance.LLMatcher``."""
+    """`GrammarMatcher` over an ``llguidance.LLMatcher``.
 
-    def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str) -> None:
+    llguidance stops by itself once nothing can extend the text; the request must
+    still end, so a stopped matcher allows only the stop tokens, and counts as
+    terminated once one is accepted (as xgrammar's matcher does).
+    """
+
+    def __init__(
+        self, tokenizer: llguidance.LLTokenizer, grammar: str, stop_token_ids: list[int]
+    ) -> None:
         self._matcher = llguidance.LLMatcher(tokenizer, grammar)
+        self._stop_token_ids = stop_token_ids
+        self._terminated = False
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        if not self._matcher.is_stopped():
+            llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+            return
+        bitmask[row] = 0
+        for token_id in self._stop_token_ids:
+            word, bit = divmod(token_id, 32)
+            bitmask[row, word] |= _bit(bit)
 
     def accept_token(self, token_id: int) -> bool:
-        return bool(self._matcher.consume_token(token_id))
+        if self._matcher.is_stopped():
+            self._terminated = token_id in self._stop_token_ids
+            return self._terminated
+        accepted = bool(self._matcher.consume_token(token_id))
+        if accepted and token_id in self._stop_token_ids:
+            self._terminated = True
+        return accepted
 
     def is_terminated(self) -> bool:
-        return bool(self._matcher.is_stopped())
+        return self._terminated
+
+
+def _bit(index: int) -> int:
+    """Bit ``index`` of an int32 word, as a Python int torch stores in int32."""
+    return -(1 << 31) if index == 31 else 1 << index
 
 
 class GuidanceBackend:
@@ -57,6 +83,7 @@ class GuidanceBackend:
         self._tokenizer = llguidance.hf.from_tokenizer(
             tokenizer, n_vocab=vocab_size, eos_token=stop_token_ids or None
         )
+        self._stop_token_ids = list(stop_token_ids)
 
     def compile(self, spec: GrammarSpec) -> str:
         grammar = self._grammar(spec)
@@ -82,4 +109,4 @@ class GuidanceBackend:
         raise ValueError(f"structured output kind {spec.kind!r} is not supported by llguidance")
 
     def new_matcher(self, compiled: str) -> GuidanceMatcher:
-        return GuidanceMatcher(self._tokenizer, compiled)
+        return GuidanceMatcher(self._tokenizer, compiled, self._stop_token_ids)

@@ -34,7 +34,7 @@ class HermesToolParser(ToolParser):
         calls: list[ParsedToolCall] = []
         for match in _CALL.finditer(text, start):
             raw = match.group(1).strip()
-            if match.group(0).endswith(raw):  # unclosed: drop a cut-off end tag
+            if not match.group(0).endswith(END):  # unclosed: drop a cut-off end tag
                 raw = _strip_partial_end(raw)
             try:
                 body = json.loads(raw)

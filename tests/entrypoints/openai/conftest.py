@@ -19,6 +19,9 @@ def server_process() -> Iterator[RemoteServer]:
         "--api-key", API_KEY, "--max-log-len", "50",
         # tool_choice "auto" (tests/entrypoints/openai/test_openai_tools.py)
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        # Structured JSON without free whitespace: the tiny model, given the choice,
+        # pads JSON with newlines until max_tokens (test_openai_structured.py).
+        "--structured-outputs-config", '{"disable_any_whitespace": true}',
     )  # fmt: skip
     try:
         yield remote

@@ -43,8 +43,9 @@ HERMES_CALL = (
 
 
 def _create(client, messages=MESSAGES, **kwargs):  # noqa: ANN001, ANN202, B006
+    kwargs.setdefault("max_tokens", 80)
     return client.chat.completions.create(
-        model=MODEL_NAME, messages=messages, tools=TOOLS, temperature=0, max_tokens=80, **kwargs
+        model=MODEL_NAME, messages=messages, tools=TOOLS, temperature=0, **kwargs
     )
 
 

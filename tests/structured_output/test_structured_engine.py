@@ -80,8 +80,12 @@ def test_one_batch_of_every_kind(llm: LLM) -> None:
     ]
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     params = [_json(schema, seed=i) for i, schema in enumerate(SCHEMAS)]
+    # Sampled freely, "any JSON object" may open a key string and never close it, so
+    # that row is greedy.
     params += [
-        SamplingParams(temperature=1.0, seed=i, max_tokens=60, structured_outputs=k)
+        SamplingParams(
+            temperature=0.0 if k.json_object else 1.0, seed=i, max_tokens=60, structured_outputs=k
+        )
         for i, k in enumerate(others)
     ]
     params.append(greedy)

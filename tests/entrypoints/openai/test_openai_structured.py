@@ -59,7 +59,10 @@ def test_json_schema_and_json_object_response_formats(client) -> None:  # noqa: 
         resp = _chat(client, "Answer in JSON.", response_format=fmt)
         assert resp.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(resp.choices[0].message.content), schema)
-    resp = _chat(client, "Any JSON object please.", response_format={"type": "json_object"})
+    # (A prompt the tiny model answers with a short object: any JSON may run on.)
+    resp = _chat(
+        client, "Describe a cat as a JSON object.", response_format={"type": "json_object"}
+    )
     assert isinstance(json.loads(resp.choices[0].message.content), dict)
     # Streamed, the pieces add up to a valid document as well.
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMAS[0]}}

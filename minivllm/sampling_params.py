@@ -90,7 +90,10 @@ class StructuredOutputsParams:
                 f"json_object, structural_tag ({got})"
             )
         if self.choice is not None:
-            if not self.choice or any(not isinstance(c, str) for c in self.choice):
+            choice = self.choice
+            if not isinstance(choice, (list, tuple)) or not choice:
+                raise ValueError("structured outputs choice must be a non-empty list of strings")
+            if any(not isinstance(c, str) for c in choice):
                 raise ValueError("structured outputs choice must be a non-empty list of strings")
             self.choice = list(self.choice)
         if self.json is not None and not isinstance(self.json, (str, dict)):

@@ -86,7 +86,8 @@ class StructuredOutputManager:
         except ValueError as first:
             # Only a feature xgrammar lacks is worth a second try; a syntax error (a bad
             # regex, say) would fail in llguidance too, after building its vocabulary.
-            if "nsupported" not in str(first):
+            message = str(first).lower()
+            if "unsupported" not in message and "not supported" not in message:
                 raise
             if params.disable_fallback or self.config.disable_fallback:
                 raise
@@ -108,7 +109,7 @@ class StructuredOutputManager:
         start = time.perf_counter()
         try:
             compiled = backend.compile(spec)
-        except ValueError as exc:
+        except Exception as exc:  # the libraries raise RuntimeError, TypeError, ...
             what = _KIND_NAMES.get(spec.kind, spec.kind)
             raise ValueError(f"invalid {what} for structured outputs: {exc}") from None
         grammar = CompiledGrammar(spec, backend, compiled)

@@ -144,3 +144,29 @@ def test_params_and_config_validation() -> None:
         StructuredOutputsConfig(backend="outlines")
     with pytest.raises(ValueError, match="reasoning"):
         StructuredOutputsConfig(reasoning_parser="deepseek_r1")
+
+
+def test_worker_replays_the_output_after_a_preemption(tokenizer) -> None:  # noqa: ANN001
+    from minivllm.scheduler.output import NewRequestData
+    from minivllm.worker.input_batch import CachedRequestState
+
+    manager = StructuredOutputManager(StructuredOutputsConfig(), tokenizer, VOCAB, [2])
+    grammar = manager.grammar_for(StructuredOutputsParams(regex="[a-z]+-[0-9]+"))
+    done = tokenizer.encode("abc-", add_special_tokens=False)
+    params = SamplingParams()
+
+    def rebuilt(output_token_ids: list[int]) -> CachedRequestState:
+        data = NewRequestData("r", [1, 2, 3], params, [1], 3, output_token_ids, grammar)
+        return CachedRequestState.from_new(data, torch.device("cpu"))
+
+    matcher = rebuilt(done).grammar_matcher
+    assert matcher is not None
+    # Past "abc-" only digits may follow: the replayed matcher knows where it is.
+    bitmask = GrammarBitmask(VOCAB, torch.device("cpu"))
+    _, mask = bitmask.fill([matcher])
+    logits = torch.zeros(1, VOCAB)
+    apply_grammar_bitmask(logits, None, mask)
+    allowed = [tokenizer.decode([t]) for t in torch.isfinite(logits[0]).nonzero().flatten()]
+    assert allowed and all(text.isdigit() for text in allowed)
+    with pytest.raises(ValueError, match="breaks the request's grammar"):
+        rebuilt(tokenizer.encode("ABC", add_special_tokens=False))

@@ -54,21 +54,20 @@ def _chat(client, content: str, **kwargs):  # noqa: ANN001, ANN202
 
 
 def test_json_schema_and_json_object_response_formats(client) -> None:  # noqa: ANN001
-    for schema in SCHEMAS:
-        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-        resp = _chat(client, "Answer in JSON.", response_format=fmt)
-        assert resp.choices[0].finish_reason == "stop"
-        jsonschema.validate(json.loads(resp.choices[0].message.content), schema)
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMAS[0]}}
+    resp = _chat(client, "Answer in JSON.", response_format=fmt)
+    assert resp.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(resp.choices[0].message.content), SCHEMAS[0])
     # (A prompt the tiny model answers with a short object: any JSON may run on.)
     resp = _chat(
         client, "Describe a cat as a JSON object.", response_format={"type": "json_object"}
     )
     assert isinstance(json.loads(resp.choices[0].message.content), dict)
     # Streamed, the pieces add up to a valid document as well.
-    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMAS[0]}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMAS[1]}}
     stream = _chat(client, "Answer in JSON.", response_format=fmt, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    jsonschema.validate(json.loads(text), SCHEMAS[0])
+    jsonschema.validate(json.loads(text), SCHEMAS[1])
 
 
 def test_beta_parse_returns_the_pydantic_model(client) -> None:  # noqa: ANN001

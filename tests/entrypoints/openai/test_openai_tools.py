@@ -36,9 +36,9 @@ PARAMS = {"get_weather": WEATHER_PARAMS, "get_time": TIME_PARAMS}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 HERMES_CALL = (
-    r'Let me check\. <tool_call>\n\{"name": "get_weather", "arguments": '
-    r'\{"city": "[A-Z][a-z]{2,6}", "unit": "celsius"\}\}\n</tool_call>'
+    r'Now\. <tool_call>\{"name": "get_time", "arguments": \{"zone": "(UTC|CET)"\}\}</tool_call>'
 )
+
 """A regex that makes the model answer with a hermes tool call after some content."""
 
 
@@ -112,8 +112,9 @@ def test_required_calls_tools_streaming_and_not(client) -> None:  # noqa: ANN001
     assert resp.choices[0].finish_reason == "tool_calls"
     _check_calls(resp.choices[0].message.tool_calls)
     assert len(resp.choices[0].message.tool_calls) == 1
-    _, calls, finish = _collect(_create(client, tool_choice="required", stream=True))
-    assert finish == "tool_calls" and calls
+    stream = _create(client, tool_choice="required", parallel_tool_calls=False, stream=True)
+    _, calls, finish = _collect(stream)
+    assert finish == "tool_calls" and list(calls) == [0]
     for call in calls.values():
         jsonschema.validate(json.loads(call["arguments"]), PARAMS[call["name"]])
 
@@ -123,13 +124,13 @@ def test_auto_tool_choice_parses_hermes_calls(client) -> None:  # noqa: ANN001
     resp = _create(client, extra_body=forced)
     message = resp.choices[0].message
     assert resp.choices[0].finish_reason == "tool_calls"
-    assert message.content == "Let me check."
+    assert message.content == "Now."
     _check_calls(message.tool_calls)
     content, calls, finish = _collect(_create(client, extra_body=forced, stream=True))
     # The content before the call streams as content; the call comes whole at the end.
-    assert content.strip() == "Let me check." and finish == "tool_calls"
-    assert calls[0]["name"] == "get_weather"
-    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER_PARAMS)
+    assert content.strip() == "Now." and finish == "tool_calls"
+    assert calls[0]["name"] == "get_time" and calls[0]["id"].startswith("chatcmpl-tool-")
+    jsonschema.validate(json.loads(calls[0]["arguments"]), TIME_PARAMS)
     # No call in the text: a plain answer.
     plain = {"structured_outputs": {"regex": "It is sunny( today)?\\."}}
     resp = _create(client, extra_body=plain)

@@ -66,3 +66,14 @@ def test_stream_holds_back_an_auto_call() -> None:
     assert sent[0].content == "Hi " and sent[1:] == [None, None, None]
     final = stream.finish()
     assert final.tool_calls[0].function.name == "f" and stream.tools_called
+
+
+def test_stream_sends_required_calls_whole_with_indices() -> None:
+    plan = ToolPlan.of(TOOLS, "required", None, enable_auto=False)
+    stream = ToolStream(plan)
+    assert stream.feed('[{"name": "f", "parameters": {}}, ') is None
+    assert stream.feed('{"name": "f", "parameters": {"y": 1}}]') is None
+    final = stream.finish()
+    assert [d.index for d in final.tool_calls] == [0, 1]
+    assert len({d.id for d in final.tool_calls}) == 2
+    assert json.loads(final.tool_calls[1].function.arguments) == {"y": 1}

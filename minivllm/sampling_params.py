@@ -52,6 +52,81 @@ def _check_range(name: str, value: float, low: float, high: float) -> None:
 
 
 @dataclass
+class StructuredOutputsParams:
+    """A constraint on the text of a completion (vLLM's class; set exactly one of
+    json, regex, choice, grammar, json_object, structural_tag).
+
+    The grammar is compiled when the request is added (a bad one is a ValueError
+    then) and masks, at every step, the tokens that would break it.
+    """
+
+    json: str | dict[str, Any] | None = None
+    """A JSON schema (a dict or its JSON text) the output must satisfy."""
+    regex: str | None = None
+    """A regular expression the whole output must match."""
+    choice: list[str] | None = None
+    """The output is exactly one of these strings."""
+    grammar: str | None = None
+    """A context-free grammar: EBNF/GBNF for xgrammar, Lark for llguidance."""
+    json_object: bool | None = None
+    """Any JSON object (OpenAI's ``response_format={"type": "json_object"}``)."""
+    disable_fallback: bool = False
+    """Fail instead of falling back to another backend (overrides the engine's)."""
+    disable_any_whitespace: bool = False
+    """No free whitespace inside generated JSON (or the engine's setting)."""
+    disable_additional_properties: bool = False
+    """Objects of a JSON schema accept no unlisted properties (or the engine's setting)."""
+    whitespace_pattern: str | None = None
+    """Accepted for vLLM compatibility (an outlines option); must stay None."""
+    structural_tag: str | None = None
+    """An xgrammar structural tag (JSON text)."""
+
+    def __post_init__(self) -> None:
+        kinds = self.kinds()
+        if len(kinds) != 1:
+            got = f"got {', '.join(kinds)}" if kinds else "got none"
+            raise ValueError(
+                "structured outputs need exactly one of json, regex, choice, grammar, "
+                f"json_object, structural_tag ({got})"
+            )
+        if self.choice is not None:
+            choice = self.choice
+            if not isinstance(choice, (list, tuple)) or not choice:
+                raise ValueError("structured outputs choice must be a non-empty list of strings")
+            if any(not isinstance(c, str) for c in choice):
+                raise ValueError("structured outputs choice must be a non-empty list of strings")
+            self.choice = list(self.choice)
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError("structured outputs json must be a JSON schema: a dict or a string")
+        if self.whitespace_pattern is not None:
+            raise ValueError(
+                "whitespace_pattern is an outlines option minivllm does not support; use "
+                "disable_any_whitespace instead"
+            )
+
+    def kinds(self) -> list[str]:
+        """The constraint kinds that are set (exactly one in a valid instance)."""
+        names = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+        return [n for n in names if getattr(self, n) not in (None, False)]
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: "json", "regex", "choice", "grammar", ..."""
+        return self.kinds()[0]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StructuredOutputsParams:
+        """From a request body's ``structured_outputs`` object; unknown keys are an error."""
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown structured_outputs field(s) {unknown}; known: {sorted(known)}"
+            )
+        return cls(**data)
+
+
+@dataclass
 class SamplingParams:
     """How to sample the completion(s) of one request (the fields of vLLM's class).
 
@@ -111,6 +186,8 @@ class SamplingParams:
     """Whether streamed outputs are cumulative, deltas, or final only."""
     extra_args: dict[str, Any] | None = None
     """Free-form arguments for custom extensions; ignored by minivllm itself."""
+    structured_outputs: StructuredOutputsParams | None = None
+    """Constrain the output to a JSON schema, regex, choice or grammar."""
 
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     """stop_token_ids plus the model's EOS ids (filled by update_from_*)."""
@@ -146,6 +223,8 @@ class SamplingParams:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         if isinstance(self.output_kind, int):
             self.output_kind = RequestOutputKind(self.output_kind)
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
 
         self._verify_args()
 

@@ -47,6 +47,7 @@ ROOT_FIELDS = frozenset(
         "attention_config",
         "kernel_config",
         "observability_config",
+        "structured_outputs_config",
         "additional_config",
         "shutdown_timeout",
         "speculative_config",

@@ -35,6 +35,7 @@ from minivllm.config.profiler import ProfilerConfig
 from minivllm.config.quantization import GGUFConfig, QuantizationConfig
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.speculative import SpeculativeConfig
+from minivllm.config.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.aux_output import AuxOutputConfig
 from minivllm.config.unsupported.diffusion import DiffusionConfig
 from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
@@ -50,7 +51,6 @@ from minivllm.config.unsupported.offload import (
     UVAOffloadConfig,
 )
 from minivllm.config.unsupported.reasoning import ReasoningConfig
-from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.vllm import (

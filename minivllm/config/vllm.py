@@ -58,6 +58,7 @@ from minivllm.config.quantization import QuantizationConfig, get_quant_config
 from minivllm.config.resolution import resolve
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.speculative import SpeculativeConfig
+from minivllm.config.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.aux_output import AuxOutputConfig
 from minivllm.config.unsupported.diffusion import DiffusionConfig
 from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
@@ -69,7 +70,6 @@ from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig
 from minivllm.config.unsupported.reasoning import ReasoningConfig
-from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.utils import config, get_hash_factors, hash_factors
@@ -152,7 +152,7 @@ class VllmConfig:
     structured_outputs_config: StructuredOutputsConfig = field(
         default_factory=StructuredOutputsConfig
     )
-    """Structured outputs (unsupported: defaults only)."""
+    """Structured outputs: the grammar backend and its options."""
     observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     """Observability (metrics, tracing) configuration."""
     logging_config: LoggingConfig = field(default_factory=LoggingConfig)

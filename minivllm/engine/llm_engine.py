@@ -21,10 +21,12 @@ from minivllm.scheduler.output import EngineCoreOutput
 from minivllm.scheduler.request import Request, RequestStatus
 from minivllm.scheduler.scheduler import Scheduler
 from minivllm.stats import SchedulerStats
+from minivllm.structured_output.manager import StructuredOutputManager
 
 if TYPE_CHECKING:
     from minivllm.args.engine_args import EngineArgs
     from minivllm.config.vllm import VllmConfig
+    from minivllm.structured_output.spec import CompiledGrammar
 
 logger = init_logger(__name__)
 
@@ -65,6 +67,7 @@ class LLMEngine:
         # stat loggers; the server's AsyncLLM keeps its own.
         self.stat_loggers: list[Any] = []
         self._offline_stats: OfflineStatsCollector | None = None
+        self._structured_outputs: StructuredOutputManager | None = None
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -130,6 +133,44 @@ class LLMEngine:
             )
         self.scheduler.check_request(num_prompt, priority)
         params.verify_for_model(vocab, self.max_logprobs)
+        self.grammar_for(params)
+
+    @property
+    def structured_outputs(self) -> StructuredOutputManager:
+        """The grammar compiler and cache (made on first use; needs the tokenizer)."""
+        if self._structured_outputs is None:
+            if self.tokenizer is None:
+                raise ValueError(
+                    "structured outputs need the tokenizer; this engine was started with "
+                    "skip_tokenizer_init=True"
+                )
+            eos = [] if self.eos_token_id is None else [self.eos_token_id]
+            self._structured_outputs = StructuredOutputManager(
+                self.vllm_config.structured_outputs_config,
+                self.tokenizer,
+                self.model_config.get_vocab_size(),
+                eos,
+            )
+        return self._structured_outputs
+
+    def grammar_for(self, params: SamplingParams) -> CompiledGrammar | None:
+        """The compiled grammar of a structured-output request (cached: validating a
+        request compiles it, so adding it afterwards is a lookup), or None."""
+        if params.structured_outputs is None:
+            return None
+        cfg = self.vllm_config
+        if cfg.speculative_config is not None:
+            # The verification path samples without the grammar's token mask.
+            raise ValueError(
+                "structured outputs are not supported by minivllm yet together with "
+                "speculative decoding; start the engine without --speculative-config"
+            )
+        if cfg.parallel_config.world_size > 1:
+            raise ValueError(
+                "structured outputs are not supported by minivllm yet with tensor or "
+                "pipeline parallelism; run the engine on one process"
+            )
+        return self.structured_outputs.grammar_for(params.structured_outputs)
 
     def add_request(
         self,
@@ -150,6 +191,7 @@ class LLMEngine:
         params = (params or SamplingParams()).clone()
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_request(token_ids, params, priority)
+        grammar = self.grammar_for(params)
         params.update_from_tokenizer(self.eos_token_id)
         if self.model_eos_token_ids:
             params.update_from_generation_config(
@@ -172,16 +214,16 @@ class LLMEngine:
                     if params.seed is not None:
                         child_params.seed = params.seed + index
                 self.output_processor.add_request(parent, child_id, index, child_params)
-                self.scheduler.add_request(
-                    Request(
-                        child_id,
-                        token_ids,
-                        child_params,
-                        eos_token_id=self.eos_token_id,
-                        arrival_time=arrival_time,
-                        priority=priority,
-                    )
+                request = Request(
+                    child_id,
+                    token_ids,
+                    child_params,
+                    eos_token_id=self.eos_token_id,
+                    arrival_time=arrival_time,
+                    priority=priority,
                 )
+                request.grammar = grammar
+                self.scheduler.add_request(request)
                 added.append(child_id)
         except Exception:
             # The scheduler refused a child (e.g. the prompt exceeds the whole KV cache):

@@ -112,6 +112,10 @@ class SamplingMetadata:
     """(rows, token ids) of stop tokens banned because a row is below min_tokens."""
     disallowed_mask: torch.Tensor | None = None
     """[num_reqs, vocab] bool, True where allowed_token_ids forbids the token."""
+    grammar_bitmask: tuple[torch.Tensor | None, torch.Tensor] | None = None
+    """(rows, [len(rows), ceil(vocab / 32)] int32 bitmask) of the rows a grammar
+    constrains (rows None: every row), bit set = token allowed; set by the model runner
+    from the requests' grammar matchers."""
 
     @classmethod
     def build(

@@ -2,6 +2,8 @@
 
 Steps, in vLLM v1's order:
 
+0. Structured outputs: tokens a row's grammar forbids get -inf (in place, on the
+   constrained rows only), before anything else, so logprobs see the mask too.
 1. If any row wants logprobs, take them from the raw logits (vLLM's default
    ``raw_logprobs`` mode: before any penalty, bias or temperature).
 2. Constraints that can change the argmax: allowed_token_ids, min_tokens (stop
@@ -62,6 +64,28 @@ def _bin_counts(token_ids: torch.Tensor, num_reqs: int, vocab_size: int) -> torc
     return counts[:, :vocab_size]
 
 
+def apply_grammar_bitmask(
+    logits: torch.Tensor, rows: torch.Tensor | None, bitmask: torch.Tensor
+) -> None:
+    """Set to -inf, in place, the logits of tokens whose bit is 0 in ``bitmask``.
+
+    ``bitmask`` is int32, 32 tokens per word (bit ``t % 32`` of word ``t // 32``), one
+    row per entry of ``rows`` (None: one per logits row).  Columns past the bitmask
+    (a vocabulary padded beyond the tokenizer's) are masked too.
+    """
+    vocab_size = logits.shape[-1]
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    banned = (bits == 0).flatten(1)
+    if banned.shape[1] < vocab_size:
+        banned = torch.nn.functional.pad(banned, (0, vocab_size - banned.shape[1]), value=True)
+    banned = banned[:, :vocab_size]
+    if rows is None:
+        logits.masked_fill_(banned, float("-inf"))
+    else:
+        logits[rows] = logits[rows].masked_fill_(banned, float("-inf"))
+
+
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Drop tokens whose probability is below min_p times the row's top probability."""
     probs = logits.softmax(dim=-1)
@@ -116,6 +140,8 @@ class Sampler(nn.Module):
 
     def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
         meta = sampling_metadata
+        if meta.grammar_bitmask is not None:
+            apply_grammar_bitmask(logits, *meta.grammar_bitmask)
         # Raw logprobs come first: they describe the model, not the sampling knobs.
         raw_logprobs = None
         if meta.max_num_logprobs is not None:

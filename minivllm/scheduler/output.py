@@ -32,6 +32,9 @@ class NewRequestData:
     """Tokens whose KV is already in the cache (prefix-cache hits count here)."""
     output_token_ids: list[int] = field(default_factory=list)
     """Tokens generated before a preemption; they are recomputed as part of the prompt."""
+    grammar: Any = None
+    """The request's compiled grammar (structured outputs), or None; the worker starts a
+    matcher from it and replays output_token_ids through it."""
 
 
 @dataclass

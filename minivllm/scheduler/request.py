@@ -75,6 +75,9 @@ class Request:
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.priority = priority
         """Lower runs first under the priority policy (as in vLLM)."""
+        self.grammar: object | None = None
+        """The compiled grammar of a structured-output request (opaque here: the engine
+        sets it, the worker builds a matcher from it, also after a preemption)."""
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         """The stop token id (or stop string) that finished the request, if any."""

@@ -422,6 +422,7 @@ class Scheduler:
             block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
             num_computed_tokens=request.num_computed_tokens,
             output_token_ids=list(request.output_token_ids),
+            grammar=request.grammar,
         )
 
     # -- results ----------------------------------------------------------------

@@ -11,6 +11,7 @@ from minivllm.attention.metadata import AttentionMetadata
 from minivllm.sample.metadata import make_request_generator
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler.output import NewRequestData
+from minivllm.structured_output.spec import GrammarMatcher
 
 
 @dataclass
@@ -25,6 +26,8 @@ class CachedRequestState:
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
+    grammar_matcher: GrammarMatcher | None = None
+    """The request's place in its grammar (structured outputs only)."""
 
     @classmethod
     def from_new(cls, data: NewRequestData, device: torch.device) -> CachedRequestState:
@@ -36,6 +39,7 @@ class CachedRequestState:
             num_computed_tokens=data.num_computed_tokens,
             output_token_ids=list(data.output_token_ids),
             generator=make_request_generator(data.sampling_params, device),
+            grammar_matcher=_start_matcher(data),
         )
 
     def append_block_ids(self, new_ids: list[int], num_groups: int) -> None:
@@ -73,6 +77,17 @@ def split_groups(ids: list[int], num_groups: int) -> list[list[int]]:
     size, rest = divmod(len(ids), num_groups)
     assert rest == 0, f"{len(ids)} block ids do not split into {num_groups} groups"
     return [ids[g * size : (g + 1) * size] for g in range(num_groups)]
+
+
+def _start_matcher(data: NewRequestData) -> GrammarMatcher | None:
+    """A fresh matcher, advanced over the tokens generated before a preemption."""
+    if data.grammar is None:
+        return None
+    matcher: GrammarMatcher = data.grammar.new_matcher()
+    for token_id in data.output_token_ids:
+        if not matcher.accept_token(token_id):
+            raise ValueError(f"token {token_id} of the output breaks the request's grammar")
+    return matcher
 
 
 @dataclass

@@ -30,6 +30,7 @@ from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.rejection_sampler import verify
 from minivllm.sample.sampler import Sampler
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from minivllm.structured_output.bitmask import GrammarBitmask, accept_tokens
 from minivllm.worker.forward_runner import ForwardRunner
 from minivllm.worker.input_batch import CachedRequestState, StepInputs, build_step_inputs
 from minivllm.worker.spec_decode import SpecDecoder
@@ -64,6 +65,7 @@ class ModelRunner:
         self.spec: SpecDecoder | None = None
         if vllm_config.speculative_config is not None:
             self.spec = SpecDecoder(vllm_config, device)
+        self.grammar_bitmask = GrammarBitmask(self.vocab_size, device)
 
     # -- set-up -------------------------------------------------------------
     def load_model(self) -> None:
@@ -212,14 +214,18 @@ class ModelRunner:
             states = [self.states[r] for r in inputs.sample_req_ids]
             token_tensor = torch.zeros(len(states), dtype=torch.long, device=self.device)
             row_entries: list[Any] = [None] * len(states)
+            matchers = [s.grammar_matcher for s in states]
             if last_stage:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
                 meta = SamplingMetadata.build(states, self.vocab_size, self.device)
+                meta.grammar_bitmask = self.grammar_bitmask.fill(matchers)
                 out = self.sampler(logits, meta)
                 token_tensor = out.sampled_token_ids.to(torch.long)
                 if out.logprobs is not None:
                     row_entries = out.logprobs.to_entries(meta.num_logprobs)
             tokens = self._share_sampled_tokens(token_tensor).tolist()
+            # Every rank advances its matchers over the tokens the output rank sampled.
+            accept_tokens(inputs.sample_req_ids, matchers, tokens)
             for state, token, entry in zip(states, tokens, row_entries, strict=True):
                 state.output_token_ids.append(token)
                 sampled[state.req_id] = token

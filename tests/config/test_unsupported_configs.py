@@ -33,7 +33,6 @@ from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaBackendEnum, MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig, UVAOffloadConfig
 from minivllm.config.unsupported.reasoning import ReasoningConfig
-from minivllm.config.unsupported.structured_outputs import StructuredOutputsConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.utils import UnsupportedFeature, non_default_fields
@@ -51,7 +50,6 @@ CASES = [
     (ReasoningConfig, {"reasoning_parser": "deepseek_r1"}, "reasoning", True),
     (WatermarkConfig, {"alpha": 2.0}, "watermarking", True),
     (WeightTransferConfig, {"backend": "ipc"}, "weight transfer", True),
-    (StructuredOutputsConfig, {"backend": "xgrammar"}, "structured outputs", False),
     (EncoderCacheManagerConfig, {"ec_manager_cls": "a.B"}, "encoder cache manager", False),
     (AuxOutputConfig, {"enable_return_routed_experts": True}, "routed experts", False),
     (MambaConfig, {"backend": MambaBackendEnum.FLASHINFER}, "Mamba", False),

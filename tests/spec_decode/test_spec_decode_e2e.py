@@ -170,3 +170,14 @@ def test_get_metrics_needs_stats(models: tuple[str, str], tmp_path: Path) -> Non
     llm = make_llm(models, None)
     with pytest.raises(ValueError, match="disable_log_stats=False"):
         llm.get_metrics()
+
+
+def test_structured_outputs_with_speculation_are_refused_with_the_reason(spec_llm: LLM) -> None:
+    from minivllm.sampling_params import StructuredOutputsParams
+
+    constrained = SamplingParams(
+        max_tokens=4, structured_outputs=StructuredOutputsParams(choice=["yes", "no"])
+    )
+    with pytest.raises(ValueError, match="structured outputs .* speculative decoding"):
+        spec_llm.generate(PROMPTS[0], constrained, use_tqdm=False)
+    assert spec_llm.llm_engine.get_stats().kv_cache_usage == 0.0

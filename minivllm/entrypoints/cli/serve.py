@@ -83,6 +83,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "runs); without this flag such requests get a 400.",
     )
     server.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='Let the model decide when to call tools (tool_choice "auto", the default '
+        "when a request has tools); needs --tool-call-parser.",
+    )
+    server.add_argument(
+        "--tool-call-parser",
+        choices=["hermes", "llama3_json"],
+        default=None,
+        help="How tool calls look in the model's text: hermes (<tool_call>{...}</tool_call>: "
+        "Qwen, Hermes, SmolLM2 and other ChatML models) or llama3_json (Llama 3.x).",
+    )
+    server.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -123,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
     if args.max_request_body_bytes < 1:
         raise ValueError(
             f"argument --max-request-body-bytes: must be >= 1, got {args.max_request_body_bytes}"
+        )
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError(
+            "argument --enable-auto-tool-choice: needs --tool-call-parser (hermes or llama3_json)"
         )
     from minivllm.entrypoints.openai.api_server import run_server
 

@@ -182,6 +182,8 @@ def build_app(
     trust_request_chat_template: bool = False,
     enable_log_requests: bool = False,
     cors: CORSSettings | None = None,
+    enable_auto_tool_choice: bool = False,
+    tool_call_parser: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` (``stat_logger`` backs ``/metrics``)."""
     mc = engine.model_config
@@ -200,7 +202,8 @@ def build_app(
     }
     trust = {"trust_request_chat_template": trust_request_chat_template}
     completion = OpenAIServingCompletion(engine, models, tokenizer, **common)
-    chat = OpenAIServingChat(engine, models, tokenizer, **common, **trust)
+    tools = {"enable_auto_tools": enable_auto_tool_choice, "tool_parser": tool_call_parser}
+    chat = OpenAIServingChat(engine, models, tokenizer, **common, **trust, **tools)
     tokenization = OpenAIServingTokenization(engine, models, tokenizer, **common, **trust)
 
     @contextlib.asynccontextmanager
@@ -452,6 +455,8 @@ def run_server(args: argparse.Namespace) -> int:
         trust_request_chat_template=args.trust_request_chat_template,
         enable_log_requests=args.enable_log_requests,
         cors=cors,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
     )
     print(config_summary(engine, args.host, args.port, args.api_key, names), flush=True)
     logger.info("ready in %.1f s: serving on http://%s:%d", time.perf_counter() - start,

@@ -25,6 +25,13 @@ from pydantic import (
 )
 
 from minivllm import __version__
+from minivllm.entrypoints.openai.structured import StructuredOutputFields
+from minivllm.entrypoints.openai.tools import (
+    ChatCompletionToolsParam,
+    DeltaToolCall,
+    ToolCall,
+    ToolChoice,
+)
 from minivllm.logger import init_logger
 from minivllm.sampling_params import MAX_SEED, MIN_SEED, RequestOutputKind, SamplingParams
 
@@ -120,7 +127,7 @@ class UsageInfo(OpenAIBaseModel):
     completion_tokens: int | None = 0
 
 
-class SamplingRequest(OpenAIRequest):
+class SamplingRequest(OpenAIRequest, StructuredOutputFields):
     """Fields shared by completion and chat requests (vLLM's sampling extensions included).
 
     The ranges (ge/le) are the ones `SamplingParams` enforces, so they show in the
@@ -182,6 +189,7 @@ class SamplingRequest(OpenAIRequest):
             logit_bias=_parse_logit_bias(self.logit_bias),
             allowed_token_ids=self.allowed_token_ids,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=self.structured_outputs_of_request(),
         )
 
 
@@ -293,6 +301,10 @@ class ChatMessage(OpenAIRequest):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """An assistant message's earlier tool calls (OpenAI's form)."""
+    tool_call_id: str | None = None
+    """A ``tool`` message's answer is to this call."""
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -324,6 +336,11 @@ class ChatCompletionRequest(SamplingRequest):
     runs with --trust-request-chat-template."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra variables for the chat template."""
+    tools: list[ChatCompletionToolsParam] | None = None
+    tool_choice: ToolChoice | None = None
+    """"none", "auto" (the default with tools), "required", or a named function."""
+    parallel_tool_calls: bool | None = None
+    """Accepted for OpenAI compatibility; the model may make several calls either way."""
 
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens
@@ -354,6 +371,7 @@ class ChatLogProbs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(_SpecDecodeMetricsChoice):
@@ -377,6 +395,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionResponseStreamChoice(OpenAIBaseModel):

@@ -37,6 +37,9 @@ from minivllm.entrypoints.openai.serving_engine import (
     stream_usage_options,
     usage_of,
 )
+from minivllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser
+from minivllm.entrypoints.openai.tool_stream import ToolStream
+from minivllm.entrypoints.openai.tools import ToolPlan, conversation_entry
 from minivllm.outputs import Logprob, RequestOutput
 
 ROLE = "assistant"
@@ -60,12 +63,34 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
 class OpenAIServingChat(OpenAIServing):
     """Handler of the chat completions endpoint (and of chat-style /tokenize)."""
 
-    def __init__(self, *args: Any, trust_request_chat_template: bool = False, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        trust_request_chat_template: bool = False,
+        enable_auto_tools: bool = False,
+        tool_parser: str | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.trust_request_chat_template = trust_request_chat_template
+        self.enable_auto_tools = enable_auto_tools
+        self.tool_parser: ToolParser | None = (
+            get_tool_parser(tool_parser) if tool_parser is not None else None
+        )
+
+    def tool_plan(self, request: ChatCompletionRequest) -> ToolPlan | None:
+        """How the request uses its tools (400 for a tool_choice that cannot run)."""
+        try:
+            return ToolPlan.of(
+                request.tools, request.tool_choice, self.tool_parser, self.enable_auto_tools
+            )
+        except ValueError as exc:
+            raise OpenAIServingError(str(exc), param="tool_choice") from None
 
     async def render(
-        self, request: ChatCompletionRequest | TokenizeChatRequest
+        self,
+        request: ChatCompletionRequest | TokenizeChatRequest,
+        tools: list[dict[str, Any]] | None = None,
     ) -> tuple[str, list[int]]:
         """The prompt text and token ids of the request's conversation, rendered with its
         template options in the tokenizer pool (400 for content the template cannot take,
@@ -93,13 +118,10 @@ class OpenAIServingChat(OpenAIServing):
             )
         if continue_final_message:
             kwargs["continue_final_message"] = True
+        if tools is not None:
+            kwargs["tools"] = tools
         try:
-            conversation = []
-            for message in request.messages:
-                entry: dict[str, Any] = {"role": message.role, "content": message.text()}
-                if message.name is not None:
-                    entry["name"] = message.name
-                conversation.append(entry)
+            conversation = [conversation_entry(message) for message in request.messages]
             return await self.pool.run(
                 _render, conversation, add_generation_prompt, template, kwargs
             )
@@ -114,8 +136,19 @@ class OpenAIServingChat(OpenAIServing):
         """The response, or the SSE stream when ``stream`` is set."""
         model = self.check_model(request.model)
         params = self.make_params(request)
-        text, ids = await self.render(request)
-        self.validate(ids, params, request.priority)
+        plan = self.tool_plan(request)
+        if plan is not None and request.tools:
+            constraint = plan.constraint(request.tools, request.parallel_tool_calls)
+            if constraint is not None:
+                if params.structured_outputs is not None:
+                    raise OpenAIServingError(
+                        f'tool_choice "{plan.mode}" constrains the output itself; drop '
+                        'response_format / structured_outputs or use tool_choice "auto"',
+                        param="tool_choice",
+                    )
+                params.structured_outputs = constraint
+        text, ids = await self.render(request, plan.template_tools if plan else None)
+        await self.validate(ids, params, request.priority)
         request_id = request.request_id or random_id("chatcmpl")
         engine_id = engine_request_id(request_id)
         self.log_request(engine_id, text, ids, params)
@@ -123,7 +156,7 @@ class OpenAIServingChat(OpenAIServing):
         created = int(time.time())
         if request.stream:
             [generator] = await start_streams([generator])
-            return self._stream(request, request_id, created, model, len(ids), generator)
+            return self._stream(request, request_id, created, model, len(ids), generator, plan)
         final: RequestOutput | None = None
         try:
             async for output in generator:
@@ -140,12 +173,18 @@ class OpenAIServingChat(OpenAIServing):
                 logprobs = self.chat_logprobs(
                     completion.token_ids, completion.logprobs or [], request.top_logprobs or 0
                 )
+            content: str | None = completion.text
+            tool_calls = []
+            finish_reason = completion.finish_reason
+            if plan is not None:
+                content, tool_calls = plan.extract(completion.text)
+                finish_reason = _finish_reason(plan, finish_reason, bool(tool_calls))
             choices.append(
                 ChatCompletionResponseChoice(
                     index=completion.index,
-                    message=ChatResponseMessage(role=ROLE, content=completion.text),
+                    message=ChatResponseMessage(role=ROLE, content=content, tool_calls=tool_calls),
                     logprobs=logprobs,
-                    finish_reason=completion.finish_reason,
+                    finish_reason=finish_reason,
                     stop_reason=completion.stop_reason,
                     spec_decode_metrics=completion.spec_decode_metrics,
                 )
@@ -166,9 +205,11 @@ class OpenAIServingChat(OpenAIServing):
         model: str,
         num_prompt_tokens: int,
         generator: AsyncIterator[RequestOutput],
+        plan: ToolPlan | None = None,
     ) -> AsyncIterator[str]:
         include_usage, continuous = stream_usage_options(request.stream_options)
         num_tokens = [0] * request.n
+        tool_streams = [ToolStream(plan) for _ in range(request.n)] if plan else None
 
         def chunk(index: int, delta: DeltaMessage, **kwargs: Any) -> str:
             body = ChatCompletionStreamResponse(
@@ -200,10 +241,26 @@ class OpenAIServingChat(OpenAIServing):
                             request.top_logprobs or 0,
                         )
                     extra: dict[str, Any] = {"logprobs": logprobs, "finish_reason": None}
+                    delta: DeltaMessage | None = DeltaMessage(content=completion.text)
+                    if tool_streams is not None:
+                        assert plan is not None
+                        tools = tool_streams[completion.index]
+                        delta = tools.feed(completion.text)
+                        if finished:
+                            held = tools.finish()
+                            if held is not None and delta is not None:
+                                yield chunk(completion.index, delta, **extra)
+                            delta = held if held is not None else delta
                     if finished:
-                        extra["finish_reason"] = completion.finish_reason
+                        reason = completion.finish_reason
+                        if tool_streams is not None and plan is not None:
+                            called = tool_streams[completion.index].tools_called
+                            reason = _finish_reason(plan, reason, called)
+                        extra["finish_reason"] = reason
                         extra["stop_reason"] = completion.stop_reason
-                    yield chunk(completion.index, DeltaMessage(content=completion.text), **extra)
+                    if delta is None and not finished:
+                        continue
+                    yield chunk(completion.index, delta or DeltaMessage(content=""), **extra)
             if include_usage:
                 usage = usage_of(num_prompt_tokens, sum(num_tokens))
                 yield sse_usage(ChatCompletionStreamResponse, request_id, created, model, usage)
@@ -239,6 +296,14 @@ class OpenAIServingChat(OpenAIServing):
         return ChatLogProbEntry(
             token=token, logprob=clamp_logprob(lp.logprob), bytes=list(token.encode("utf-8"))
         )
+
+
+def _finish_reason(plan: ToolPlan, reason: str | None, tools_called: bool) -> str | None:
+    """ "tool_calls" when the model called tools of its own choice (auto) or as required;
+    a named function keeps the engine's reason ("stop"), as OpenAI and vLLM do."""
+    if tools_called and plan.mode in ("auto", "required") and reason == "stop":
+        return "tool_calls"
+    return reason
 
 
 def _render(

@@ -65,7 +65,7 @@ class OpenAIServingCompletion(OpenAIServing):
         params = self.make_params(request)
         prompts = await self._prompts(request)
         for _, ids in prompts:
-            self.validate(ids, params, request.priority)
+            await self.validate(ids, params, request.priority)
         request_id = request.request_id or random_id("cmpl")
         engine_id = engine_request_id(request_id)
         generators = []

@@ -183,9 +183,17 @@ class OpenAIServing:
         except ValueError as exc:
             raise OpenAIServingError.from_exception(exc) from None
 
-    def validate(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> None:
+    async def validate(
+        self, prompt_ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> None:
+        """400 for a request the engine refuses.  A structured-output request compiles its
+        grammar here (cached for the engine), in a worker thread: compiling a large schema
+        is CPU work that must not stall the event loop."""
         try:
-            self.engine.validate_request(prompt_ids, params, priority)
+            if params.structured_outputs is None:
+                self.engine.validate_request(prompt_ids, params, priority)
+            else:
+                await asyncio.to_thread(self.engine.validate_request, prompt_ids, params, priority)
         except ValueError as exc:
             raise OpenAIServingError.from_exception(exc) from None
 

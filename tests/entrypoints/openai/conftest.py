@@ -15,7 +15,14 @@ from server_utils import API_KEY, RemoteServer
 @pytest.fixture(scope="session")
 def server_process() -> Iterator[RemoteServer]:
     """The server process, started but maybe not ready (others may load meanwhile)."""
-    remote = RemoteServer("--api-key", API_KEY, "--max-log-len", "50")
+    remote = RemoteServer(
+        "--api-key", API_KEY, "--max-log-len", "50",
+        # tool_choice "auto" (tests/entrypoints/openai/test_openai_tools.py)
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        # Structured JSON without free whitespace: the tiny model, given the choice,
+        # pads JSON with newlines until max_tokens (test_openai_structured.py).
+        "--structured-outputs-config", '{"disable_any_whitespace": true}',
+    )  # fmt: skip
     try:
         yield remote
     finally:

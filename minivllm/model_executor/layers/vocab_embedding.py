@@ -22,7 +22,9 @@ _GGUF_ATTR = "gguf_weight"
 """Attribute of a parameter holding the `GGUFWeight` it was given."""
 
 
-def gguf_embedding_impl(ids: torch.Tensor, table: torch.Tensor, qtype: int, dim: int) -> torch.Tensor:
+def gguf_embedding_impl(
+    ids: torch.Tensor, table: torch.Tensor, qtype: int, dim: int
+) -> torch.Tensor:
     """Rows ``ids`` of a quantized table ``uint8 [vocab, row_bytes]``, as float32."""
     from gguf import GGMLQuantizationType
 
@@ -31,7 +33,9 @@ def gguf_embedding_impl(ids: torch.Tensor, table: torch.Tensor, qtype: int, dim:
     return rows.view(*ids.shape, dim)
 
 
-def _gguf_embedding_fake(ids: torch.Tensor, table: torch.Tensor, qtype: int, dim: int) -> torch.Tensor:
+def _gguf_embedding_fake(
+    ids: torch.Tensor, table: torch.Tensor, qtype: int, dim: int
+) -> torch.Tensor:
     return table.new_empty(*ids.shape, dim, dtype=torch.float32)
 
 
@@ -99,7 +103,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         source = getattr(self.weight, _GGUF_ATTR, None)
         if source is None:
             return
-        self.quant_kind, self.qweight, self.qscales = quantize_parts([source], dtype)
+        self.quant_kind, self.qweight, self.qscales = quantize_parts([source])
         self.weight = None  # type: ignore[assignment]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -86,9 +86,7 @@ def load_model(
     else:
         if model_path is None:
             raise ValueError("a model path is needed unless load_format='dummy'")
-        model.load_weights(
-            get_weights_iterator(model_path, load_format, use_cache, keep_quantized)
-        )
+        model.load_weights(get_weights_iterator(model_path, load_format, use_cache, keep_quantized))
         process_weights_after_loading(model, dtype)
     return model.eval()
 

@@ -10,11 +10,9 @@ dtype "auto" resolution (documented choice):
 - the checkpoint dtype is the config's ``dtype``; a quantized GGUF counts as
   float32 (with ``quantization="gguf"`` its matrices stay low-bit and only
   their kernels take bfloat16 inputs; the residual stream, norms and attention
-  stay float32, which keeps top-1 tokens within 97% of the float32 model's);
-- on CPU, bfloat16 runs as bfloat16 where the CPU computes it natively
-  (AVX512-BF16 / AMX, see `cpu_has_native_bf16`: 2-4x faster GEMMs measured);
-  elsewhere half-precision checkpoints run in float32: PyTorch emulates half
-  and bfloat16 there (slow) and is less accurate;
+  stay float32, closer to the float32 model than an all-bfloat16 one);
+- on CPU, half-precision checkpoints run in float32: PyTorch's CPU half and
+  bfloat16 kernels are emulated on most CPUs (slow) and less accurate;
 - on CUDA, float32 checkpoints (including quantized GGUF) run in bfloat16
   (float16 before compute capability 8.0), as vLLM does.
 """

@@ -87,10 +87,6 @@ def resolve_dtype(requested: str | torch.dtype, checkpoint: torch.dtype) -> torc
     if isinstance(requested, torch.dtype):
         return requested
     if current_platform.is_cpu():
-        from minivllm.platforms.cpu import cpu_has_native_bf16
-
-        if checkpoint == torch.bfloat16 and cpu_has_native_bf16():
-            return torch.bfloat16
         if checkpoint in _HALF_DTYPES:
             logger.info(
                 "Running the %s checkpoint in float32 on CPU (half types are slow and "

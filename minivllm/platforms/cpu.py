@@ -2,37 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minivllm.platforms.interface import Platform, PlatformEnum
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
-
-
-_NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-@functools.cache
-def cpu_has_native_bf16() -> bool:
-    """Whether the CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16).
-
-    Measured on a 2-core Sapphire Rapids (AMX): bfloat16 GEMMs run 2-4x faster
-    than float32 at 1-128 rows, and the GGUF low-bit kernels take bfloat16
-    activations.  Without these instructions torch emulates bfloat16 (slower than
-    float32), so float32 stays the default there.
-    """
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return any(f in flags for f in _NATIVE_BF16_FLAGS)
-    return False
 
 
 class CpuPlatform(Platform):

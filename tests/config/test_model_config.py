@@ -178,6 +178,16 @@ def test_unsupported_model_options(kwargs: dict) -> None:
         ModelConfig(**kwargs)
 
 
+def test_gguf_quantization_default_and_opt_out() -> None:
+    # Unset: the quantized GGUF runs quantized; "none" or an explicit dtype dequantizes.
+    assert ModelConfig().quantization == "gguf"
+    assert ModelConfig(quantization="none").quantization is None
+    assert ModelConfig(dtype="float32").quantization is None
+    assert ModelConfig(dtype="bfloat16", quantization="gguf").quantization == "gguf"
+    with pytest.raises(ValueError, match="'none'"):
+        ModelConfig(quantization="awq")
+
+
 def test_quantization_rules(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="GGUF"):
         ModelConfig(quantization="awq")

@@ -27,8 +27,9 @@ from minivllm.torch_ops import register_op
 KERNEL_DTYPE = torch.bfloat16
 """Activation dtype of the low-bit kernels (their float32 variants are ~30x slower
 measured); inputs are cast to it and outputs back, so the model itself (residual
-stream, norms, attention) may stay float32, which keeps the quantized model's
-top-1 tokens within 97% of the dequantized float32 model's (all-bfloat16: ~95.7%)."""
+stream, norms, attention) may stay float32: teacher-forced on the default model,
+top-1 agreement with the dequantized float32 model rose from 95.7% (all-bfloat16
+model) to 96.5% this way."""
 
 LOWBIT_MAX_TOKENS = 8
 """Most rows computed by the low-bit kernels; more rows dequantize per call."""

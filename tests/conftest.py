@@ -42,6 +42,25 @@ def _cpu_platform_outside_gpu_tests(request: pytest.FixtureRequest) -> Iterator[
         yield
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a module's last test (and its fixtures' finalizers), collect garbage: its
+    module-scoped engines (weights and a KV cache each) may sit in reference cycles, and two
+    dozen modules build one."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:  # type: ignore[attr-defined]
+        import gc
+
+        gc.collect()
+        log = os.environ.get("MINIVLLM_TEST_RSS_LOG")
+        if log:
+            import psutil
+
+            rss = psutil.Process().memory_info().rss >> 20
+            with open(log, "a") as f:
+                f.write(f"{rss} MiB after {item.module.__name__}\n")  # type: ignore[attr-defined]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _has_cuda():
         return

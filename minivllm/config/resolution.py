@@ -66,6 +66,12 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
             "set it to 'none'."
         )
     pc = cfg.parallel_config
+    mc = cfg.model_config
+    if mc is not None and mc.quantization == "gguf" and pc.world_size > 1:
+        raise ValueError(
+            "quantization='gguf' (low-bit weights) is not supported by minivllm yet with "
+            "tensor or pipeline parallelism; drop --quantization to dequantize the file."
+        )
     if cfg.speculative_config is not None and pc.world_size > 1:
         # The verification path keeps sampled tokens on the output rank only.
         raise ValueError(

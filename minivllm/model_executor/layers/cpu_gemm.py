@@ -105,8 +105,9 @@ def pack_linear_weights(model: nn.Module, device: torch.device, dtype: torch.dty
         return 0
     count = 0
     for module in model.modules():
-        if hasattr(module, "use_packed_gemm") and module.weight.dtype == dtype:
-            pack_weight(module.weight)
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "use_packed_gemm") and weight is not None and weight.dtype == dtype:
+            pack_weight(weight)
             module.use_packed_gemm = True
             count += 1
     return count

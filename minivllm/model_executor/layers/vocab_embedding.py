@@ -1,4 +1,10 @@
-"""Token embedding, LM head and the logits computation."""
+"""Token embedding, LM head and the logits computation.
+
+Given quantized GGUF blocks (`GGUFWeight`), the embedding keeps the raw blocks
+and expands only the rows it looks up (exactly the file's values), and the LM
+head computes on a low-bit copy (`quantized_linear`).  A tied pair shares one
+parameter, so the blocks ride on that parameter until both have taken them.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,33 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.model_executor.layers import cpu_gemm
+from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_rows
+from minivllm.model_executor.layers.quantized_linear import lowbit_linear, quantize_parts
 from minivllm.model_executor.layers.utils import default_weight_loader, make_param
+from minivllm.torch_ops import register_op
+
+_GGUF_ATTR = "gguf_weight"
+"""Attribute of a parameter holding the `GGUFWeight` it was given."""
+
+
+def gguf_embedding_impl(
+    ids: torch.Tensor, table: torch.Tensor, qtype: int, dim: int
+) -> torch.Tensor:
+    """Rows ``ids`` of a quantized table ``uint8 [vocab, row_bytes]``, as float32."""
+    from gguf import GGMLQuantizationType
+
+    flat = ids.reshape(-1)
+    rows = dequantize_rows(table.index_select(0, flat), GGMLQuantizationType(qtype), dim)
+    return rows.view(*ids.shape, dim)
+
+
+def _gguf_embedding_fake(
+    ids: torch.Tensor, table: torch.Tensor, qtype: int, dim: int
+) -> torch.Tensor:
+    return table.new_empty(*ids.shape, dim, dtype=torch.float32)
+
+
+gguf_embedding = register_op("gguf_embedding", gguf_embedding_impl, _gguf_embedding_fake)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -18,9 +50,33 @@ class VocabParallelEmbedding(nn.Module):
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.weight = make_param(num_embeddings, embedding_dim)
-        self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        self.register_buffer("qtable", None, persistent=False)
+        self.qtype = 0
+        self.out_dtype = self.weight.dtype
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor | GGUFWeight) -> None:
+        """Copy a float table in; keep quantized GGUF blocks on the parameter."""
+        if isinstance(loaded, GGUFWeight):
+            setattr(param, _GGUF_ATTR, loaded)
+            return
+        default_weight_loader(param, loaded)
+
+    def process_weights_after_loading(self, dtype: torch.dtype) -> None:
+        """Take the kept GGUF blocks as the lookup table; drop the float parameter."""
+        source = getattr(self.weight, _GGUF_ATTR, None)
+        if source is None:
+            return
+        self.qtable, self.qtype, self.out_dtype = source.data, int(source.qtype), dtype
+        self.weight = None  # type: ignore[assignment]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.qtable is not None:
+            if torch.compiler.is_compiling():
+                rows = gguf_embedding(input_ids, self.qtable, self.qtype, self.embedding_dim)
+            else:
+                rows = gguf_embedding_impl(input_ids, self.qtable, self.qtype, self.embedding_dim)
+            return rows.to(self.out_dtype)
         return F.embedding(input_ids, self.weight)
 
     def extra_repr(self) -> str:
@@ -34,10 +90,21 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(num_embeddings, embedding_dim)
         self.use_packed_gemm = False
         """Set by `cpu_gemm.pack_linear_weights` once the weight is packed for oneDNN."""
+        self.quant_kind = 0
+        self.register_buffer("qweight", None, persistent=False)
+        self.register_buffer("qscales", None, persistent=False)
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
         """Use the embedding table as the output projection (``tie_word_embeddings``)."""
         self.weight = embed_tokens.weight
+
+    def process_weights_after_loading(self, dtype: torch.dtype) -> None:
+        """Compute on a low-bit copy of kept GGUF blocks; drop the float parameter."""
+        source = getattr(self.weight, _GGUF_ATTR, None)
+        if source is None:
+            return
+        self.quant_kind, self.qweight, self.qscales = quantize_parts([source])
+        self.weight = None  # type: ignore[assignment]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("ParallelLMHead is applied through LogitsProcessor, not called")
@@ -53,7 +120,10 @@ class LogitsProcessor(nn.Module):
         self.soft_cap = soft_cap
 
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
-        if lm_head.use_packed_gemm:
+        if lm_head.quant_kind:
+            q = (lm_head.qweight, lm_head.qscales)
+            logits = lowbit_linear(hidden_states, *q, None, lm_head.quant_kind).float()
+        elif lm_head.use_packed_gemm:
             logits = cpu_gemm.linear(hidden_states, lm_head.weight, None).float()
         else:
             logits = F.linear(hidden_states, lm_head.weight).float()

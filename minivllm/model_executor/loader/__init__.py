@@ -37,15 +37,17 @@ def get_weights_iterator(
     load_format: str = "auto",
     use_cache: bool = True,
     lazy: bool = False,
+    keep_quantized: bool = False,
 ) -> Iterator[tuple[str, Any]]:
     """HF-named ``(name, tensor)`` pairs from a GGUF file or an HF directory.
 
     ``lazy``: safetensors tensors come as `LazyWeight` slices that the (sharded)
-    weight loaders read only in part.
+    weight loaders read only in part; ``keep_quantized``: a GGUF file's quantized
+    matrices stay `GGUFWeight` blocks.
     """
     gguf_file = find_gguf_file(model_path) if load_format in ("auto", "gguf") else None
     if gguf_file is not None:
-        return gguf_weights_iterator(gguf_file, use_cache=use_cache, lazy=lazy)
+        return gguf_weights_iterator(gguf_file, use_cache, lazy, keep_quantized)
     if load_format == "gguf":
         raise ValueError(f"{model_path} is not a GGUF file (or a directory with exactly one)")
     if not Path(model_path).is_dir():
@@ -72,11 +74,14 @@ def load_model(
     load_format: str = "auto",
     device: torch.device | str = "cpu",
     use_cache: bool = True,
+    keep_quantized: bool = False,
 ) -> nn.Module:
     """Construct the model for ``hf_config`` on ``device`` and load its weights.
 
     Call inside ``with set_current_vllm_config(cfg):`` so layers see the
     compilation/cache config.  ``load_format="dummy"`` skips the checkpoint.
+    ``keep_quantized``: GGUF matrices stay quantized (``quantization="gguf"``);
+    each layer's ``process_weights_after_loading`` then stores its low-bit form.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
@@ -95,9 +100,24 @@ def load_model(
     else:
         if model_path is None:
             raise ValueError("a model path is needed unless load_format='dummy'")
-        weights = get_weights_iterator(model_path, load_format, use_cache, lazy=tp.world_size > 1)
+        weights = get_weights_iterator(
+            model_path,
+            load_format,
+            use_cache,
+            lazy=tp.world_size > 1,
+            keep_quantized=keep_quantized,
+        )
         model.load_weights(weights)
+        process_weights_after_loading(model, dtype)
     return model.eval()
+
+
+def process_weights_after_loading(model: nn.Module, dtype: torch.dtype) -> None:
+    """Let every layer convert what it was given (e.g. GGUF blocks to low-bit form)."""
+    for module in model.modules():
+        hook = getattr(module, "process_weights_after_loading", None)
+        if hook is not None:
+            hook(dtype)
 
 
 __all__ = ["LOAD_FORMATS", "get_weights_iterator", "initialize_dummy_weights", "load_model"]

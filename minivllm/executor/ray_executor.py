@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from minivllm.executor.multiproc import WorkerError
 from minivllm.executor.rank_worker import RankWorker, output_rank, threads_per_worker
-from minivllm.executor.uniproc import finish_kv_cache_sizing
+from minivllm.executor.uniproc import set_up_ranks
 from minivllm.logger import init_logger
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
@@ -91,15 +91,9 @@ class RayExecutor:
         ]
         try:
             ip, port = self._call([self.workers[0].node_ip_and_free_port.remote()], "address")[0]
-            sizes = self.collective_rpc("load", f"tcp://{ip}:{port}")
-            per_block = self.collective_rpc("kv_cache_bytes_per_block")[0]
-            num_blocks, source = min(sizes)
-            groups = self.collective_rpc("kv_groups")[0]
-            self.kv_group_windows: tuple[int | None, ...] = groups.windows
-            self.num_blocks = finish_kv_cache_sizing(
-                vllm_config, num_blocks, source, per_block, groups
+            self.num_blocks, self.kv_group_windows = set_up_ranks(
+                vllm_config, self.collective_rpc, f"tcp://{ip}:{port}"
             )
-            self.collective_rpc("initialize_kv_cache", self.num_blocks)
         except BaseException:
             self.shutdown()
             raise

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from minivllm.kv_cache.groups import KVCacheGroups, max_blocks_per_request
 from minivllm.logger import init_logger
@@ -68,6 +69,21 @@ def finish_kv_cache_sizing(
         source,
     )
     return num_blocks
+
+
+def set_up_ranks(
+    vllm_config: VllmConfig, rpc: Callable[..., list[Any]], init_method: str
+) -> tuple[int, tuple[int | None, ...]]:
+    """Load every rank (``rpc`` calls a `RankWorker` method on all of them), agree on
+    the KV cache size (the smallest any rank holds) and allocate it everywhere;
+    returns (KV blocks, the sliding window of each KV cache group)."""
+    sizes = rpc("load", init_method)
+    per_block = rpc("kv_cache_bytes_per_block")[0]
+    num_blocks, source = min(sizes)
+    groups = rpc("kv_groups")[0]
+    num_blocks = finish_kv_cache_sizing(vllm_config, num_blocks, source, per_block, groups)
+    rpc("initialize_kv_cache", num_blocks)
+    return num_blocks, groups.windows
 
 
 def check_kv_cache_holds_max_model_len(

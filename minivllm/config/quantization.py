@@ -70,5 +70,5 @@ def get_quant_config(
         return GGUFConfig()
     raise ValueError(
         f"quantization method {method!r} is not supported by minivllm (only "
-        f"{list(SUPPORTED_QUANTIZATION_METHODS)}, used automatically for GGUF files)"
+        f"{list(SUPPORTED_QUANTIZATION_METHODS)}, for GGUF files: --quantization gguf)"
     )

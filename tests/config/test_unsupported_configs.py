@@ -203,7 +203,11 @@ def test_device_config() -> None:
 
 
 def test_quantization(default_model_config) -> None:
-    qc = get_quant_config(default_model_config)
+    # The default GGUF is dequantized unless low-bit compute is asked for.
+    assert default_model_config.quantization is None
+    from minivllm.config.model import ModelConfig
+
+    qc = get_quant_config(ModelConfig(quantization="gguf"))
     assert isinstance(qc, GGUFConfig) and qc.get_name() == "gguf"
     assert torch.float32 in qc.get_supported_act_dtypes()
     assert not qc.has_blocked_weights()

@@ -203,7 +203,8 @@ def test_block_size_from_platform_and_cuda_limit(model) -> None:
 
 
 def test_gguf_quant_config(model) -> None:
-    assert build(model).quant_config.get_name() == "gguf"
+    assert build(ModelConfig(quantization="gguf")).quant_config.get_name() == "gguf"
+    assert build(model).quant_config is None  # dequantized: no quantization method
     assert build(None).quant_config is None
 
 

@@ -19,8 +19,14 @@ UNHEALTHY_WITHIN_S = 10.0
 
 def _worker_pids(server_pid: int) -> list[int]:
     """The spawned rank processes under the server (not multiprocessing's tracker)."""
-    children = psutil.Process(server_pid).children(recursive=True)
-    return [c.pid for c in children if "spawn_main" in " ".join(c.cmdline())]
+    pids = []
+    for child in psutil.Process(server_pid).children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                pids.append(child.pid)
+        except psutil.Error:  # exited (or a zombie) since it was listed
+            continue
+    return pids
 
 
 def _stream(url: str, max_tokens: int, events: list[str], first: threading.Event) -> None:

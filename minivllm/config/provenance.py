@@ -79,6 +79,10 @@ class Provenance:
     def __init__(self, root: Any, user_paths: set[str] | None = None) -> None:
         self._root = root
         self.origins: dict[str, Origin] = {}
+        # The previous step's "after" view, reused as the next step's "before":
+        # resolution changes fields only inside steps, and flattening the whole tree
+        # is the dominant cost of building a config.
+        self._snapshot: dict[str, Any] | None = None
         for path in user_paths or ():
             self.origins[path] = Origin("user")
 
@@ -96,9 +100,11 @@ class Provenance:
         ``reason`` may be a function ``(path, before, after) -> str`` to word
         the reason per field.
         """
-        before = flatten(self._root)
-        yield
-        after = flatten(self._root)
+        before = self._snapshot if self._snapshot is not None else flatten(self._root)
+        try:
+            yield
+        finally:
+            after = self._snapshot = flatten(self._root)
         for path, value in after.items():
             if path in before and before[path] == value:
                 continue

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from minivllm.config import vllm_rules as rules
 from minivllm.config.compilation.modes import CompilationMode
 from minivllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG
-from minivllm.config.provenance import Origin, Provenance, Source, flatten
+from minivllm.config.provenance import Provenance, Source, flatten
 from minivllm.logger import init_logger
 from minivllm.platforms import current_platform
 
@@ -36,7 +36,7 @@ logger = init_logger(__name__)
 def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Provenance:
     """Resolve ``cfg`` in place, step by step in the seed's order; returns the
     provenance of every field (who set it, which rule changed it and why)."""
-    prov: Provenance = _ChainedProvenance(cfg)
+    prov = Provenance(cfg)
     prov.mark_user(_resolve_user_paths(cfg, user_set_paths))
     if cfg.shutdown_timeout < 0:
         raise ValueError(f"shutdown_timeout must be >= 0, got {cfg.shutdown_timeout}.")
@@ -307,33 +307,6 @@ def _reason(why: str) -> Callable[[str, Any, Any], str]:
         return f"{path.rsplit('.', 1)[-1]} {_short(before)} -> {_short(after)}: {why}"
 
     return word
-
-
-class _ChainedProvenance(Provenance):
-    """`Provenance` whose steps reuse the previous step's "after" snapshot as their
-    "before": resolution changes fields only inside steps, and flattening the whole
-    tree is the dominant cost of building a config."""
-
-    def __init__(self, root: Any) -> None:
-        super().__init__(root)
-        self._snapshot: dict[str, Any] | None = None
-
-    @contextmanager
-    def step(
-        self, source: Source, rule: str, reason: str | Callable[[str, Any, Any], str] = ""
-    ) -> Iterator[None]:
-        before = self._snapshot if self._snapshot is not None else flatten(self._root)
-        try:
-            yield
-        finally:
-            after = flatten(self._root)
-            self._snapshot = after
-        for path, value in after.items():
-            if path in before and before[path] == value:
-                continue
-            old = before.get(path)
-            text = reason(path, old, value) if callable(reason) else reason
-            self.origins[path] = Origin(source, rule, text, old)
 
 
 __all__ = ["resolve"]

@@ -217,10 +217,11 @@ class ModelRunner:
         entries: dict[str, Any] = {}
         if inputs.sample_req_ids:
             states = [self.states[r] for r in inputs.sample_req_ids]
-            token_tensor = torch.zeros(len(states), dtype=torch.long, device=self.device)
             row_entries: list[Any] = [None] * len(states)
             matchers = [s.grammar_matcher for s in states]
-            if last_stage:
+            if not last_stage:  # a buffer the output rank's broadcast fills
+                token_tensor = torch.zeros(len(states), dtype=torch.long, device=self.device)
+            else:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
                 meta = SamplingMetadata.build(states, self.vocab_size, self.device)
                 meta.grammar_bitmask = self.grammar_bitmask.fill(matchers)

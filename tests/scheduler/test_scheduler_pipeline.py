@@ -110,29 +110,46 @@ def test_requests_are_split_between_batches_and_never_run_twice_at_once() -> Non
     sched.update_from_output(second, out2)
 
 
+# Two workloads where a request is preempted while its batch runs and could be
+# admitted again before that batch is back (found by a random search).
+RESUMED_EARLY = [(13, 5), (6, 3), (2, 6), (18, 8), (4, 6)]
+RESUMED_EARLY_3 = [(15, 7), (20, 8), (4, 6), (5, 12), (6, 6), (10, 5), (6, 4), (9, 7)]
+
+
 @pytest.mark.parametrize(
-    ("num_blocks", "chunk"), [(200, 64), (200, 6), (12, 64)], ids=["roomy", "chunked", "preempting"]
+    ("lengths", "num_blocks", "chunk", "depth"),
+    [
+        (LENGTHS, 200, 64, 2),
+        (LENGTHS, 200, 6, 2),
+        (LENGTHS, 12, 64, 2),
+        (LENGTHS, 12, 64, 3),
+        (RESUMED_EARLY, 15, 4, 4),
+        (RESUMED_EARLY_3, 10, 4, 3),
+    ],
+    ids=["roomy", "chunked", "preempting", "preempting-3", "resumed-early-4", "resumed-early-3"],
 )
-def test_two_batches_in_flight_give_the_serial_tokens(num_blocks: int, chunk: int) -> None:
+def test_batches_in_flight_give_the_serial_tokens(
+    lengths: list[tuple[int, int]], num_blocks: int, chunk: int, depth: int
+) -> None:
     serial = make_scheduler(num_blocks=200, block_size=BS)
-    _add(serial)
+    _add(serial, lengths)
     expected, _ = run_to_completion(serial, FakeModelRunner(BS))
 
     sched = make_scheduler(
         num_blocks=num_blocks,
         block_size=BS,
         max_num_batched_tokens=chunk,
-        max_concurrent_batches=2,
+        max_concurrent_batches=depth,
         send_sampled_tokens=True,
     )
-    _add(sched)
+    _add(sched, lengths)
     mirror = TokenMirror()
     # The fake runner checks every KV position it reads against what was written there.
-    tokens, final, most = _run_pipelined(sched, FakeModelRunner(BS), mirror)
+    tokens, final, most = _run_pipelined(sched, FakeModelRunner(BS), mirror, depth)
     assert tokens == expected
-    assert all(f.finish_reason == "length" for f in final.values()) and len(final) == len(LENGTHS)
-    assert most == 2 and mirror.checked > 0
-    if num_blocks == 12:
+    assert all(f.finish_reason == "length" for f in final.values()) and len(final) == len(lengths)
+    assert most == depth and mirror.checked > 0
+    if num_blocks < 200:
         assert sched.num_preemptions > 0
     _assert_no_leak(sched)
 

@@ -11,11 +11,12 @@ every rank's pipe; every rank answers on its own pipe (the output rank with the
 answers of earlier ones are read (``execute_model(..., non_block=True)``, so the
 pipeline stages overlap): each rank runs its calls and answers in order, so the
 answers are gathered oldest first.  A thread in each worker reads the calls as
-they arrive, so the engine never blocks writing one while a rank writes an answer.  While it waits the executor also
-watches every process's sentinel, so a rank that dies or raises fails the step at
-once with `WorkerError` and marks the executor dead: the peers of a failed rank
-may be stuck in a collective, so nothing can run any more.  Workers watch their
-parent too and exit when it is gone.
+they arrive, so the engine never blocks writing one while a rank writes an
+answer.  While it waits the executor also watches every process's sentinel, so
+a rank that dies or raises fails the step at once with `WorkerError` and marks
+the executor dead: the peers of a failed rank may be stuck in a collective, so
+nothing can run any more.  Workers watch their parent too and exit when it is
+gone.
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 Configurations (default model, float32, -O0 so that start-up is not a compile):
 - ``tp1``: one process, 2 torch threads (the "uni" executor);
 - ``tp3``: TP=3 on the "mp" executor, 1 thread per rank;
-- ``pp2``: PP=2 on the "mp" executor, 1 thread per rank.
+- ``pp2``: PP=2 on the "mp" executor, 1 thread per rank, two batches in flight
+  (one per stage, so the stages overlap);
+- ``pp2-serial``: the same with one batch in flight (the stages take turns), to
+  show what the overlap brings.
 
 For each batch size the engine decodes ``--tokens`` tokens per request; decode
 tok/s is (tokens after the first) / (time of the run - time of a 1-token run of the
@@ -30,6 +33,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "tp1": {"threads": 2, "args": {}},
     "tp3": {"threads": 3, "args": {"tensor_parallel_size": 3}},
     "pp2": {"threads": 2, "args": {"pipeline_parallel_size": 2}},
+    "pp2-serial": {"threads": 2, "args": {"pipeline_parallel_size": 2}, "batches": 1},
 }
 """``threads`` is the total MINIVLLM_CPU_THREADS; the "mp" executor gives each rank its share."""
 
@@ -51,6 +55,9 @@ def measure(name: str, batch_sizes: list[int], tokens: int, rounds: int) -> dict
     start = time.perf_counter()
     llm = LLM(dtype="float32", optimization_level=0, max_model_len=512, **spec["args"])
     result: dict[str, Any] = {"startup_s": time.perf_counter() - start}
+    if "batches" in spec:  # fewer batches in flight than the pipeline's stages
+        llm.llm_engine.max_concurrent_batches = spec["batches"]
+        llm.llm_engine.scheduler.max_concurrent_batches = spec["batches"]
     executor = llm.llm_engine.executor
     ranks = getattr(executor, "world_size", 1)
     if ranks > 1:
@@ -90,12 +97,12 @@ def main() -> None:
     args = parser.parse_args()
     results = {c: measure(c, args.batch_sizes, args.tokens, args.rounds) for c in args.configs}
     base = results.get("tp1")
-    header = f"{'config':<6} {'start s':>8} {'rpc ms':>7}"
+    header = f"{'config':<10} {'start s':>8} {'rpc ms':>7}"
     for b in args.batch_sizes:
         header += f" {f'tok/s@{b}':>10} {'vs tp1':>7} {f'comm ms@{b}':>11}"
     print(header)
     for name, r in results.items():
-        row = f"{name:<6} {r['startup_s']:>8.1f} {r.get('rpc_ms', 0.0):>7.2f}"
+        row = f"{name:<10} {r['startup_s']:>8.1f} {r.get('rpc_ms', 0.0):>7.2f}"
         for b in args.batch_sizes:
             speed = r[f"tok_s_{b}"]
             ratio = speed / base[f"tok_s_{b}"] if base else float("nan")

@@ -3,11 +3,18 @@
 One step is: the scheduler picks the tokens to compute, the executor runs them,
 the scheduler updates each request, and the output processor detokenizes and
 checks stop strings.  `LLM` (offline) and the async server front both drive it.
+
+With pipeline parallelism the engine keeps up to ``max_concurrent_batches`` (one
+per stage) batches in flight, as vLLM's engine core does with its batch queue: a
+step schedules and submits a batch while the queue has room and there is work
+that is not already in flight; otherwise it waits for the oldest batch and
+applies its results.  So while stage 2 runs batch 1, stage 1 runs batch 2.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +24,7 @@ from minivllm.executor.factory import get_executor_class
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.scheduler.output import EngineCoreOutput
+from minivllm.scheduler.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from minivllm.scheduler.request import Request, RequestStatus
 from minivllm.scheduler.scheduler import Scheduler
 from minivllm.stats import SchedulerStats
@@ -49,8 +56,22 @@ class LLMEngine:
         if not mc.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(mc.tokenizer or mc.model)
         self.executor = get_executor_class(vllm_config)(vllm_config)
+        parallel = vllm_config.parallel_config
+        # One batch per pipeline stage in flight.  (VllmConfig also counts 2 for async
+        # scheduling without PP, which this engine does not overlap.)
+        self.max_concurrent_batches = (
+            vllm_config.max_concurrent_batches if parallel.pipeline_parallel_size > 1 else 1
+        )
+        self.batch_queue: deque[tuple[SchedulerOutput, Any]] = deque()
+        """Batches submitted to the executor whose results are not applied yet, oldest
+        first (each with the executor's pending result); only used above one batch."""
         self.scheduler = Scheduler.from_config(
-            vllm_config, self.executor.num_blocks, self.executor.kv_group_windows
+            vllm_config,
+            self.executor.num_blocks,
+            self.executor.kv_group_windows,
+            max_concurrent_batches=self.max_concurrent_batches,
+            # Only the output rank samples: the other ranks get its tokens this way.
+            send_sampled_tokens=parallel.world_size > 1,
         )
         self.output_processor = OutputProcessor(
             self.tokenizer, vllm_config.observability_config.per_request_spec_decode_metrics
@@ -243,8 +264,35 @@ class LLMEngine:
     # -- running ------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one engine step and return the outputs it produced."""
+        if self.max_concurrent_batches > 1:
+            return self._step_with_batch_queue()
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
+        return self._apply(scheduler_output, runner_output)
+
+    def _step_with_batch_queue(self) -> list[RequestOutput]:
+        """Submit a batch while there is room and work; else apply the oldest batch.
+
+        A step that only submits returns no outputs; an empty schedule is not sent
+        while other batches are in flight (its finished ids go with the next batch).
+        """
+        queue = self.batch_queue
+        if len(queue) < self.max_concurrent_batches:
+            scheduler_output = self.scheduler.schedule()
+            if not scheduler_output.is_empty or not queue:
+                pending = self.executor.execute_model(scheduler_output, non_block=True)
+                queue.append((scheduler_output, pending))
+                if not scheduler_output.is_empty and len(queue) < self.max_concurrent_batches:
+                    return []
+            else:
+                self.scheduler.return_unsent(scheduler_output)
+        scheduler_output, pending = queue.popleft()
+        return self._apply(scheduler_output, pending.result())
+
+    def _apply(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[RequestOutput]:
+        """Update the scheduler from one batch's results and turn them into outputs."""
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self._fail_siblings(core_outputs)
         collector = self._offline_stats
@@ -300,7 +348,8 @@ class LLMEngine:
         self.executor.shutdown()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests still running or waiting, or batches whose results are still due."""
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
     def get_num_unfinished_requests(self) -> int:
         return self.scheduler.get_num_unfinished_requests()

@@ -7,11 +7,16 @@ shard and reports how many KV blocks fit; the engine takes the minimum.
 
 Each step is one broadcast: the `SchedulerOutput` is pickled once and written to
 every rank's pipe; every rank answers on its own pipe (the output rank with the
-`ModelRunnerOutput`, the others with None).  While it waits the executor also
-watches every process's sentinel, so a rank that dies or raises fails the step at
-once with `WorkerError` and marks the executor dead: the peers of a failed rank
-may be stuck in a collective, so nothing can run any more.  Workers watch their
-parent too and exit when it is gone.
+`ModelRunnerOutput`, the others with None).  Calls may be submitted before the
+answers of earlier ones are read (``execute_model(..., non_block=True)``, so the
+pipeline stages overlap): each rank runs its calls and answers in order, so the
+answers are gathered oldest first.  A thread in each worker reads the calls as
+they arrive, so the engine never blocks writing one while a rank writes an
+answer.  While it waits the executor also watches every process's sentinel, so
+a rank that dies or raises fails the step at once with `WorkerError` and marks
+the executor dead: the peers of a failed rank may be stuck in a collective, so
+nothing can run any more.  Workers watch their parent too and exit when it is
+gone.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
+import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 import types
+from collections import deque
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
@@ -59,20 +67,19 @@ def _worker_main(conn: Connection, parent_pid: int, args: tuple[Any, ...]) -> No
     to stop or until the engine process is gone."""
     # Ctrl-C reaches the whole process group: the engine process decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    inbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    reader = threading.Thread(target=_read_calls, args=(conn, parent_pid, inbox), daemon=True)
+    reader.start()
     try:
         worker = RankWorker(*args)
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
     while True:
-        if not conn.poll(PARENT_POLL_S):
-            if os.getppid() != parent_pid:  # the engine died: nobody will call again
-                return
-            continue
-        try:
-            method, call_args = pickle.loads(conn.recv_bytes())
-        except EOFError:
+        data = inbox.get()
+        if data is None:  # the pipe closed, or the engine process is gone
             return
+        method, call_args = pickle.loads(data)
         if method == "shutdown":  # leaving the process also leaves its groups
             conn.send(("ok", None))
             return
@@ -82,6 +89,43 @@ def _worker_main(conn: Connection, parent_pid: int, args: tuple[Any, ...]) -> No
             conn.send(("error", traceback.format_exc()))
             continue
         conn.send(("ok", result))
+
+
+def _read_calls(conn: Connection, parent_pid: int, inbox: queue.SimpleQueue[bytes | None]) -> None:
+    """Move calls from the pipe to ``inbox`` as they arrive; None once no more can come."""
+    while True:
+        try:
+            if not conn.poll(PARENT_POLL_S):
+                if os.getppid() != parent_pid:  # the engine died: nobody will call again
+                    break
+                continue
+            inbox.put(conn.recv_bytes())
+        except (EOFError, OSError):
+            break
+    inbox.put(None)
+
+
+class PendingCall:
+    """A call sent to every rank whose answers are not read yet; `result` reads them
+    (and those of every earlier call first: the pipes answer in order)."""
+
+    def __init__(self, executor: MultiprocExecutor, method: str, pick: int | None) -> None:
+        self._executor = executor
+        self.method = method
+        self._pick = pick
+        self.done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def _set(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value, self._error, self.done = value, error, True
+
+    def result(self) -> Any:
+        while not self.done:
+            self._executor._gather_oldest()
+        if self._error is not None:
+            raise self._error
+        return self._value if self._pick is None else self._value[self._pick]
 
 
 @contextlib.contextmanager
@@ -110,6 +154,7 @@ class MultiprocExecutor:
         self.world_size = parallel.world_size
         self.output_rank = output_rank(vllm_config)
         self._failed: str | None = None
+        self._pending: deque[PendingCall] = deque()
         init_method = f"tcp://127.0.0.1:{free_local_port()}"
         threads = threads_per_worker(self.world_size)
         ctx = mp.get_context("spawn")
@@ -150,6 +195,9 @@ class MultiprocExecutor:
 
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
         """Call ``method`` on every rank (one pickled message); their results by rank."""
+        return self._submit(method, args).result()
+
+    def _submit(self, method: str, args: tuple[Any, ...], pick: int | None = None) -> PendingCall:
         if self._failed is not None:
             raise WorkerError(self._failed)
         data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
@@ -158,7 +206,28 @@ class MultiprocExecutor:
                 conn.send_bytes(data)
         except OSError as exc:
             self._fail(f"a worker's pipe broke while sending {method!r}: {exc}")
-        return self._gather(method)
+        call = PendingCall(self, method, pick)
+        self._pending.append(call)
+        return call
+
+    @property
+    def num_pending(self) -> int:
+        """Calls sent whose answers have not been read yet."""
+        return len(self._pending)
+
+    def _gather_oldest(self) -> None:
+        call = self._pending.popleft()
+        try:
+            if self._failed is not None:
+                raise WorkerError(self._failed)
+            call._set(self._gather(call.method))
+        except BaseException as exc:  # result() raises it
+            call._set(error=exc)
+            if self._failed is None:  # part of the answers may be unread: the pipes are out of step
+                self._failed = f"reading the answers to {call.method!r} failed: {exc!r}"
+            # Nothing later can be answered either.
+            while self._pending:
+                self._pending.popleft()._set(error=WorkerError(self._failed))
 
     def _gather(self, method: str) -> list[Any]:
         results: dict[int, Any] = {}
@@ -190,10 +259,13 @@ class MultiprocExecutor:
         logger.error("%s; the engine cannot continue", why)
         raise WorkerError(why)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        out = self.collective_rpc("execute", scheduler_output)[self.output_rank]
-        assert out is not None
-        return out
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | PendingCall:
+        """Run one step on every rank: the output rank's `ModelRunnerOutput`, or with
+        ``non_block`` a `PendingCall` whose ``result()`` waits for it."""
+        call = self._submit("execute", (scheduler_output,), pick=self.output_rank)
+        return call if non_block else call.result()
 
     def is_healthy(self) -> bool:
         """False once a worker died or raised."""

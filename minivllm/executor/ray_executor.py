@@ -11,7 +11,9 @@ Each rank is a `RankWorker` actor holding one bundle (one CPU, or one GPU) of a
 placement group; rank 0's node hosts the torch.distributed rendezvous.  Each step
 puts the `SchedulerOutput` in Ray's object store once and every actor reads it;
 an actor that dies or raises fails the step with `WorkerError` and marks the
-executor dead, as in the "mp" executor.
+executor dead, as in the "mp" executor.  ``execute_model(..., non_block=True)``
+returns at once (an actor runs one caller's calls in order), so the pipeline
+stages of several in-flight steps overlap.
 """
 
 from __future__ import annotations
@@ -122,10 +124,17 @@ class RayExecutor:
                 raise WorkerError(self._failed) from exc
         return ray.get(refs)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        out = self.collective_rpc("execute", scheduler_output)[self.output_rank]
-        assert out is not None
-        return out
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | RayPendingStep:
+        """Run one step on every actor: the output rank's `ModelRunnerOutput`, or with
+        ``non_block`` a `RayPendingStep` whose ``result()`` waits for it."""
+        if self._failed is not None:
+            raise WorkerError(self._failed)
+        ref = self._ray.put(scheduler_output)
+        refs = [w.execute.remote(ref) for w in self.workers]
+        step = RayPendingStep(self, refs)
+        return step if non_block else step.result()
 
     def is_healthy(self) -> bool:
         return self._failed is None
@@ -149,4 +158,21 @@ class RayExecutor:
             self._failed = "the executor was shut down"
 
 
-__all__ = ["RankWorker", "RayExecutor"]
+class RayPendingStep:
+    """A step submitted to every actor; ``result()`` waits for the output rank's answer
+    (and for every actor's, so that a failed one is reported)."""
+
+    def __init__(self, executor: RayExecutor, refs: list[Any]) -> None:
+        self._executor = executor
+        self._refs = refs
+
+    def result(self) -> ModelRunnerOutput:
+        executor = self._executor
+        if executor._failed is not None:
+            raise WorkerError(executor._failed)
+        out = executor._call(self._refs, "execute")[executor.output_rank]
+        assert out is not None
+        return out
+
+
+__all__ = ["RankWorker", "RayExecutor", "RayPendingStep"]

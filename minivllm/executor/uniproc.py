@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from minivllm.kv_cache.groups import KVCacheGroups, max_blocks_per_request
@@ -33,8 +34,17 @@ class UniProcExecutor:
         self.num_blocks = finish_kv_cache_sizing(vllm_config, num_blocks, source, per_block, groups)
         self.worker.initialize_kv_cache(self.num_blocks)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.worker.execute_model(scheduler_output)
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | Future[ModelRunnerOutput]:
+        """Run one step; with ``non_block`` the result comes as a finished future (one
+        process has nothing to overlap)."""
+        out = self.worker.execute_model(scheduler_output)
+        if not non_block:
+            return out
+        future: Future[ModelRunnerOutput] = Future()
+        future.set_result(out)
+        return future
 
     def is_healthy(self) -> bool:
         """An in-process worker cannot die on its own."""

@@ -50,6 +50,11 @@ class CachedRequestData:
     """Per request (may be empty: keep all): how many leading blocks of its table the
     worker keeps before appending ``new_block_ids``; the scheduler freed the others,
     which held only rejected draft tokens.  None keeps the whole table."""
+    new_token_ids: list[list[int]] = field(default_factory=list)
+    """Per request (may be empty: none sent): the tokens the engine sampled for it since
+    it was last scheduled.  Only the output rank samples; with more than one rank the
+    others learn the tokens from here (filled when the scheduler's
+    ``send_sampled_tokens`` is on), so no collective per step is needed for them."""
 
 
 @dataclass

@@ -93,6 +93,12 @@ class Request:
         """Draft tokens proposed for the next step (speculative decoding); never part of
         the token ids or the block hashes until the target accepts them."""
         self.spec_decode: RequestSpecDecodeStats | None = None
+        self.num_in_flight_batches = 0
+        """Scheduled batches whose results have not come back yet (pipeline parallelism
+        keeps several in flight; always 0 between steps otherwise)."""
+        self.num_output_tokens_sent = 0
+        """Output tokens the workers already hold (sent with the request, or in
+        `CachedRequestData.new_token_ids`)."""
         self.block_hashes: list[BlockHash] = []
         self.block_hasher = block_hasher
         self.update_block_hashes()

@@ -10,6 +10,14 @@ blocks for a running request, the newest running request (the least urgent one
 under the priority policy) is preempted: its blocks are freed and it returns to
 the waiting queue, to be recomputed from its prompt plus the tokens it already
 generated.
+
+With pipeline parallelism the engine keeps up to ``max_concurrent_batches``
+batches in flight.  Scheduling already counts a batch's tokens as computed, so a
+decoding request in flight has no work left until its token comes back and is
+never in two batches; its prompt chunks may be (the stages run batches in order).
+To give every stage work, each batch takes at most its share of the active
+requests (``ceil(active / max_concurrent_batches)``), and the results of a
+request preempted or finished while in flight are dropped when they arrive.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ class Scheduler:
         reserve_full_isl: bool = True,
         num_speculative_tokens: int = 0,
         spec_disable_batch_size: int | None = None,
+        max_concurrent_batches: int = 1,
+        send_sampled_tokens: bool = False,
     ) -> None:
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -61,6 +71,7 @@ class Scheduler:
             ("max_model_len", max_model_len),
             ("max_num_partial_prefills", max_num_partial_prefills),
             ("max_long_partial_prefills", max_long_partial_prefills),
+            ("max_concurrent_batches", max_concurrent_batches),
         ):
             if value is None or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -90,6 +101,14 @@ class Scheduler:
         # Admit a request only if blocks for its whole remaining prompt are free now, so a
         # chunked prefill is unlikely to stall (and force preemptions) halfway through.
         self.reserve_full_isl = reserve_full_isl
+        self.max_concurrent_batches = max_concurrent_batches
+        """Batches the engine keeps in flight (the pipeline's stages); each batch takes at
+        most its share of the active requests when this is above 1."""
+        self.send_sampled_tokens = send_sampled_tokens
+        """Fill `CachedRequestData.new_token_ids` (more than one rank: the ranks that do
+        not sample learn the tokens from there)."""
+        # Batches scheduled but not yet updated: id of the SchedulerOutput -> (it, requests).
+        self._in_flight: dict[int, tuple[SchedulerOutput, list[Request]]] = {}
 
         self.requests: dict[str, Request] = {}
         self.waiting = make_request_queue(policy)
@@ -115,10 +134,14 @@ class Scheduler:
         vllm_config: SchedulingConfig,
         num_blocks: int,
         kv_group_windows: Sequence[int | None] = (None,),
+        *,
+        max_concurrent_batches: int = 1,
+        send_sampled_tokens: bool = False,
     ) -> Scheduler:
         """Build the scheduler and its KV cache manager from a resolved `VllmConfig`;
         ``kv_group_windows``: the sliding window of each KV cache group (the worker's
-        `KVCacheGroups.windows`; one full-attention group by default)."""
+        `KVCacheGroups.windows`; one full-attention group by default); the last two
+        as in `Scheduler` (the engine knows its executor's ranks)."""
         sched = vllm_config.scheduler_config
         cache = vllm_config.cache_config
         if vllm_config.model_config is None:
@@ -157,6 +180,8 @@ class Scheduler:
             num_lookahead_tokens=vllm_config.num_lookahead_tokens if spec else 0,
             num_speculative_tokens=vllm_config.num_speculative_tokens if spec else 0,
             spec_disable_batch_size=spec.disable_by_batch_size if spec else None,
+            max_concurrent_batches=max_concurrent_batches,
+            send_sampled_tokens=send_sampled_tokens,
         )
 
     # -- requests in and out ------------------------------------------------------
@@ -241,9 +266,14 @@ class Scheduler:
         spec_tokens: dict[str, list[int]] = {}
         spec = self.spec
         use_spec = spec is not None and spec.speculating(len(self.running) + len(self.waiting))
+        # Several batches in flight: each takes its share, so that every stage has work.
+        max_reqs = self.max_num_seqs
+        if self.max_concurrent_batches > 1:
+            active = len(self.running) + len(self.waiting)
+            max_reqs = max(1, -(-active // self.max_concurrent_batches))
 
         idx = 0
-        while idx < len(self.running) and budget > 0:
+        while idx < len(self.running) and budget > 0 and len(num_scheduled) < max_reqs:
             request = self.running[idx]
             num_new = self._cap_chunk(request.num_tokens - request.num_computed_tokens, budget)
             drafts = spec.drafts_to_verify(request, budget) if spec and use_spec else []
@@ -308,8 +338,11 @@ class Scheduler:
             and len(self.waiting) > 0
             and budget > 0
             and len(self.running) < self.max_num_seqs
+            and len(num_scheduled) < max_reqs
         ):
             request = self.waiting.peek()
+            if request.num_in_flight_batches:
+                break  # preempted while a batch of it ran: resume once that batch is back
             hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit_tokens
             if 0 < self.long_prefill_token_threshold < num_new:
@@ -365,6 +398,9 @@ class Scheduler:
                     spec.kept_blocks.pop(r.request_id, None) if spec else None
                     for r in scheduled_running
                 ],
+                new_token_ids=[self._unsent_tokens(r) for r in scheduled_running]
+                if self.send_sampled_tokens
+                else [],
             ),
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
@@ -375,9 +411,24 @@ class Scheduler:
         self.finished_req_ids = set()
         # Scheduled tokens count as computed from now on, so the next schedule() (which may
         # run before this step's results arrive in a pipelined engine) does not repeat them.
-        for rid, n in num_scheduled.items():
-            self.requests[rid].num_computed_tokens += n
+        scheduled = [*scheduled_running, *scheduled_new]
+        for request in scheduled:
+            request.num_computed_tokens += num_scheduled[request.request_id]
+            request.num_in_flight_batches += 1
+        if scheduled:
+            self._in_flight[id(output)] = (output, scheduled)
         return output
+
+    def return_unsent(self, scheduler_output: SchedulerOutput) -> None:
+        """The engine will not send this empty output: its finished ids go with the next."""
+        assert scheduler_output.is_empty, "only an empty output may be held back"
+        self.finished_req_ids |= scheduler_output.finished_req_ids
+
+    @staticmethod
+    def _unsent_tokens(request: Request) -> list[int]:
+        tokens = request.output_token_ids[request.num_output_tokens_sent :]
+        request.num_output_tokens_sent = request.num_output_tokens
+        return tokens
 
     def _cap_chunk(self, num_new: int, budget: int) -> int:
         if 0 < self.long_prefill_token_threshold < num_new:
@@ -415,6 +466,7 @@ class Scheduler:
         self._pending_outputs.append(self._make_output(request, [], None, None))
 
     def _new_request_data(self, request: Request) -> NewRequestData:
+        request.num_output_tokens_sent = request.num_output_tokens
         return NewRequestData(
             req_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
@@ -436,6 +488,13 @@ class Scheduler:
         logprob_rows = model_runner_output.logprobs
         # Requests the scheduler itself finished while scheduling this step come first.
         outputs, self._pending_outputs = self._pending_outputs, []
+        # The request objects this batch ran (a later request may reuse a finished id).
+        ran: dict[str, Request] | None = None
+        batch = self._in_flight.pop(id(scheduler_output), None)
+        if batch is not None:
+            ran = {r.request_id: r for r in batch[1]}
+            for r in batch[1]:
+                r.num_in_flight_batches -= 1
         finished_ids: set[str] = set()
         for rid, error in model_runner_output.failed_req_ids.items():
             request = self.requests.get(rid)
@@ -450,8 +509,10 @@ class Scheduler:
             outputs.append(output)
         for rid in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(rid)
-            if request is None:
+            if request is None or (ran is not None and ran.get(rid) is not request):
                 continue  # finished or aborted while the step ran
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted while the step ran: it recomputes from its tokens
             i = row.get(rid)
             sampled = sampled_rows[i] if i is not None else []
             new_token_ids: list[int] = []

@@ -4,6 +4,12 @@ It keeps each request's state between steps (token ids, block table, sampling
 generator), flattens the scheduled tokens of all requests into one batch over
 the paged KV cache, runs the model inside a forward context, samples the
 requests whose context is complete, and returns a `ModelRunnerOutput`.
+
+With more than one rank only the output rank (the first tensor-parallel rank of
+the last pipeline stage) samples; the other ranks append the tokens the
+scheduler sends with each request (`CachedRequestData.new_token_ids`) before
+they build the step's inputs, so no collective per step shares the tokens and
+the pipeline stages never wait for each other beyond the activations they pass on.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ class ModelRunner:
         if vllm_config.speculative_config is not None:
             self.spec = SpecDecoder(vllm_config, device)
         self.grammar_bitmask = GrammarBitmask(self.vocab_size, device)
+        world = get_world_group()
+        tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.is_output_rank = world.rank_in_group == world.world_size - tp_size
+        """Whether this rank samples (and its output is the step's result)."""
 
     # -- set-up -------------------------------------------------------------
     def load_model(self) -> None:
@@ -179,6 +189,8 @@ class ModelRunner:
                 state.truncate_block_ids(kept, self.num_kv_groups)
             state.append_block_ids(new_blocks, self.num_kv_groups)
             state.num_computed_tokens = num_computed
+            if not self.is_output_rank and cached.new_token_ids:
+                state.output_token_ids.extend(cached.new_token_ids[i])
         return failed
 
     def _replay_generator(self, state: CachedRequestState) -> None:
@@ -215,22 +227,22 @@ class ModelRunner:
             return self._execute_spec(so, inputs, hidden, req_ids, prompt_logprobs, failed)
         sampled: dict[str, int] = {}
         entries: dict[str, Any] = {}
+        if inputs.sample_req_ids and not self.is_output_rank:
+            if last_stage:  # the logits' all-gather needs every tensor-parallel rank
+                self.model.compute_logits(hidden[inputs.logits_indices])
+            # The scheduler sends the output rank's tokens with the request's next step.
+            return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=[], failed_req_ids=failed)
         if inputs.sample_req_ids:
             states = [self.states[r] for r in inputs.sample_req_ids]
             row_entries: list[Any] = [None] * len(states)
             matchers = [s.grammar_matcher for s in states]
-            if not last_stage:  # a buffer the output rank's broadcast fills
-                token_tensor = torch.zeros(len(states), dtype=torch.long, device=self.device)
-            else:
-                logits = self.model.compute_logits(hidden[inputs.logits_indices])
-                meta = SamplingMetadata.build(states, self.vocab_size, self.device)
-                meta.grammar_bitmask = self.grammar_bitmask.fill(matchers)
-                out = self.sampler(logits, meta)
-                token_tensor = out.sampled_token_ids.to(torch.long)
-                if out.logprobs is not None:
-                    row_entries = out.logprobs.to_entries(meta.num_logprobs)
-            tokens = self._share_sampled_tokens(token_tensor).tolist()
-            # Every rank advances its matchers over the tokens the output rank sampled.
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            meta = SamplingMetadata.build(states, self.vocab_size, self.device)
+            meta.grammar_bitmask = self.grammar_bitmask.fill(matchers)
+            out = self.sampler(logits, meta)
+            tokens = out.sampled_token_ids.tolist()
+            if out.logprobs is not None:
+                row_entries = out.logprobs.to_entries(meta.num_logprobs)
             accept_tokens(inputs.sample_req_ids, matchers, tokens)
             for state, token, entry in zip(states, tokens, row_entries, strict=True):
                 state.output_token_ids.append(token)
@@ -244,16 +256,6 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             failed_req_ids=failed,
         )
-
-    def _share_sampled_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Every rank continues with the driver's tokens: the output rank (first
-        tensor-parallel rank of the last stage) broadcasts what it sampled, so the
-        other ranks' per-request token lists (the next step's inputs) never diverge."""
-        world = get_world_group()
-        if world.world_size == 1:
-            return tokens
-        tp_size = self.vllm_config.parallel_config.tensor_parallel_size
-        return world.broadcast(tokens.contiguous(), src=world.world_size - tp_size)
 
     def _execute_spec(
         self,

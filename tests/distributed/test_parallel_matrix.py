@@ -15,8 +15,22 @@ from minivllm import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow
 
-DEFAULT_PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "1, 1, 2, 3, 5, 8,"]
-DEFAULT_GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+# Eight prompts of different lengths, some ending early: with PP=2 the engine splits
+# them over two batches in flight.
+DEFAULT_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "1, 1, 2, 3, 5, 8,",
+    "Once upon a time, in a small village at the edge of a dark forest, there lived",
+    "Q: What is 12 times 12?\nA:",
+    "The three primary colors are",
+    "import numpy as np\nimport torch\n\nclass Model(torch.nn.Module):\n    def __init__(self):",
+    "Hello",
+]
+DEFAULT_GREEDY = [
+    SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+    for m in (24, 24, 24, 5, 24, 1, 12, 24)
+]
 DEFAULT_ENGINE = dict(dtype="float32", optimization_level=0, num_gpu_blocks_override=128)
 
 

@@ -104,6 +104,8 @@ def make_scheduler(
     enable_chunked_prefill: bool = True,
     policy: str = "fcfs",
     long_prefill_token_threshold: int = 0,
+    max_concurrent_batches: int = 1,
+    send_sampled_tokens: bool = False,
 ) -> Scheduler:
     manager = KVCacheManager(
         num_blocks, block_size, enable_caching, hash_algo, max_model_len=max_model_len
@@ -116,6 +118,8 @@ def make_scheduler(
         enable_chunked_prefill=enable_chunked_prefill,
         policy=policy,
         long_prefill_token_threshold=long_prefill_token_threshold,
+        max_concurrent_batches=max_concurrent_batches,
+        send_sampled_tokens=send_sampled_tokens,
     )
 
 

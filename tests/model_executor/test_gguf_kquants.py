@@ -111,3 +111,22 @@ def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
             xs = x.repeat(rows, 1)[:rows]
             got = ql.lowbit_linear(xs, qweight, scales, None, kind)
             torch.testing.assert_close(got, xs @ dense.T, rtol=1e-4, atol=1e-3)
+
+
+def test_refined_top_logits_are_exact_per_type(weights: list[GGUFWeight]) -> None:
+    # The LM head's kernel output (bfloat16) with each row's top logits recomputed
+    # from the file's blocks: those equal the float32 product, and so does the argmax.
+    torch.manual_seed(0)
+    for w in weights:
+        ref = _reference(w)
+        kind, qweight, scales = ql.quantize_parts([w])  # the model's (bfloat16) form
+        x = torch.randn(5, w.shape[1])
+        approx = ql.lowbit_linear(x, qweight, scales, None, kind).float()
+        exact = x @ ref.T
+        got = ql.refine_top_logits(x, approx, w.data, int(w.qtype))
+        top = approx.topk(ql.REFINE_TOP, dim=-1).indices  # the ones recomputed
+        torch.testing.assert_close(got.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)
+        rest = torch.ones_like(got, dtype=torch.bool).scatter(1, top, False)
+        assert torch.equal(got[rest], approx[rest]), w.qtype.name
+        assert torch.equal(got.argmax(-1), exact.argmax(-1)), w.qtype.name
+        assert not torch.equal(approx.gather(1, top), exact.gather(1, top)), w.qtype.name

@@ -123,10 +123,20 @@ def test_refined_top_logits_are_exact_per_type(weights: list[GGUFWeight]) -> Non
         x = torch.randn(5, w.shape[1])
         approx = ql.lowbit_linear(x, qweight, scales, None, kind).float()
         exact = x @ ref.T
-        got = ql.refine_top_logits(x, approx, w.data, int(w.qtype))
+        got = approx.clone()
+        ql.refine_top_logits(x, got, w.data, int(w.qtype))
         top = approx.topk(ql.REFINE_TOP, dim=-1).indices  # the ones recomputed
         torch.testing.assert_close(got.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)
         rest = torch.ones_like(got, dtype=torch.bool).scatter(1, top, False)
         assert torch.equal(got[rest], approx[rest]), w.qtype.name
         assert torch.equal(got.argmax(-1), exact.argmax(-1)), w.qtype.name
         assert not torch.equal(approx.gather(1, top), exact.gather(1, top)), w.qtype.name
+
+
+def test_top_indices_two_steps_equal_topk() -> None:
+    # A vocabulary-sized row goes through the chunk maxima first: the same set.
+    logits = torch.randn(4, 49152)
+    logits[1, 64:96] = 10.0 + torch.arange(32.0)  # all of the top in one chunk
+    got = ql._top_indices(logits, ql.REFINE_TOP)
+    want = logits.topk(ql.REFINE_TOP, dim=-1).indices
+    assert torch.equal(got.sort(-1).values, want.sort(-1).values)

@@ -138,52 +138,70 @@ def lowbit_linear(
     return lowbit_linear_impl(x, qweight, scales, bias, kind)
 
 
-REFINE_TOP = 32
+REFINE_TOP = 16
 """Logits per row that `refine_top_logits` recomputes exactly."""
+
+
+def _top_indices(logits: torch.Tensor, k: int, chunk: int = 64) -> torch.Tensor:
+    """Column indices of each row's ``k`` largest values (unordered), in two steps:
+    the ``k`` chunks with the largest maxima hold them all, so only those chunks'
+    elements are ranked (3-5x faster than one ``topk`` over a 49k vocabulary)."""
+    rows, cols = logits.shape
+    if cols % chunk or cols // chunk < k:
+        return logits.topk(k, dim=-1, sorted=False).indices
+    chunks = logits.view(rows, cols // chunk, chunk)
+    best = chunks.amax(-1).topk(k, dim=-1, sorted=False).indices
+    cand = chunks.gather(1, best[..., None].expand(rows, k, chunk)).view(rows, k * chunk)
+    j = cand.topk(k, dim=-1, sorted=False).indices
+    return best.gather(1, j // chunk) * chunk + j % chunk
 
 
 def refine_top_logits_impl(
     x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
-) -> torch.Tensor:
-    """``logits`` with each row's `REFINE_TOP` largest recomputed in float32 from
-    the file's exact values (raw GGUF rows ``table``); the rest are kept as given.
+) -> None:
+    """Recompute, in place, each row's `REFINE_TOP` largest ``logits`` in float32
+    from the file's exact values (raw GGUF rows ``table``); the rest stay as given.
 
     The low-bit LM head gives bfloat16 logits (and an int8 head re-quantizes the
-    file's values), which alone cost ~3% top-1 agreement with the float32 model
+    file's values), which alone cost ~4% top-1 agreement with the float32 model
     on the default model (``benchmarks/gguf_accuracy.py``: a logit near 16 is
-    rounded to a step of 0.06, so close candidates swap).  Its errors are far
-    smaller than the gap to the 32nd candidate, so the top tokens, where
+    rounded to a step of 0.06, so close candidates swap).  Those errors are far
+    smaller than the gap to the 16th candidate, so the top tokens, where
     sampling, greedy decoding and log-probabilities look, come out exact.
     """
     from gguf import GGMLQuantizationType
 
     dim = x.shape[-1]
-    flat = logits.reshape(-1, logits.shape[-1])
+    flat = logits.view(-1, logits.shape[-1])
     k = min(REFINE_TOP, flat.shape[-1])
-    top = flat.topk(k, dim=-1, sorted=False).indices
+    top = _top_indices(flat, k)
     rows = dequantize_rows(table.index_select(0, top.reshape(-1)), GGMLQuantizationType(qtype), dim)
     exact = torch.bmm(rows.view(-1, k, dim), x.reshape(-1, dim, 1).float()).squeeze(-1)
-    return flat.scatter(1, top, exact).view_as(logits)
+    flat.scatter_(1, top, exact)
 
 
 def _refine_top_logits_fake(
     x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
-) -> torch.Tensor:
-    return torch.empty_like(logits)
+) -> None:
+    return None
 
 
 refine_top_logits_op = register_op(
-    "refine_top_logits", refine_top_logits_impl, _refine_top_logits_fake
+    "refine_top_logits",
+    refine_top_logits_impl,
+    _refine_top_logits_fake,
+    mutates_args=("logits",),
 )
 
 
 def refine_top_logits(
     x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
-) -> torch.Tensor:
+) -> None:
     """The custom op when traced, the implementation itself in eager mode."""
     if torch.compiler.is_compiling():
-        return torch.ops.minivllm.refine_top_logits(x, logits, table, qtype)
-    return refine_top_logits_impl(x, logits, table, qtype)
+        torch.ops.minivllm.refine_top_logits(x, logits, table, qtype)
+    else:
+        refine_top_logits_impl(x, logits, table, qtype)
 
 
 __all__ = [

@@ -133,7 +133,7 @@ class LogitsProcessor(nn.Module):
         if lm_head.quant_kind:
             q = (lm_head.qweight, lm_head.qscales)
             logits = lowbit_linear(hidden_states, *q, None, lm_head.quant_kind).float()
-            logits = refine_top_logits(hidden_states, logits, lm_head.qtable, lm_head.qtype)
+            refine_top_logits(hidden_states, logits, lm_head.qtable, lm_head.qtype)
         elif lm_head.use_packed_gemm:
             logits = cpu_gemm.linear(hidden_states, lm_head.weight, None).float()
         else:

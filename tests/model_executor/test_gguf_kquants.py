@@ -140,3 +140,24 @@ def test_top_indices_two_steps_equal_topk() -> None:
     got = ql._top_indices(logits, ql.REFINE_TOP)
     want = logits.topk(ql.REFINE_TOP, dim=-1).indices
     assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+
+
+def test_int8_head_kernels_agree_on_refined_top_logits(weights: list[GGUFWeight]) -> None:
+    # Few rows run the weight-only kernel, many rows int8 x int8 (`torch._int_mm`):
+    # after the refinement the top logits are the exact ones either way.
+    torch.manual_seed(0)
+    w = next(w for w in weights if w.qtype == QT.Q8_0)
+    kind, qweight, scales = ql.quantize_parts([w])
+    assert kind == ql.INT8
+    x = torch.randn(ql.INT_MM_MIN_TOKENS, w.shape[1]) * 3
+    exact = x @ _reference(w).T
+    many = ql.lowbit_logits(x, qweight, scales, kind)
+    few = torch.cat([ql.lowbit_logits(row[None], qweight, scales, kind) for row in x])
+    assert many.dtype == few.dtype == torch.float32
+    torch.testing.assert_close(many, exact, rtol=0, atol=0.05 * exact.abs().max().item())
+    for logits in (many, few):
+        ql.refine_top_logits(x, logits, w.data, int(w.qtype))
+        assert torch.equal(logits.argmax(-1), exact.argmax(-1))
+    top = exact.topk(4, dim=-1).indices
+    torch.testing.assert_close(many.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(few.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)

@@ -138,6 +138,62 @@ def lowbit_linear(
     return lowbit_linear_impl(x, qweight, scales, bias, kind)
 
 
+INT_MM_MIN_TOKENS = 8
+"""From this many rows an int8 LM head runs on `torch._int_mm` (int8 x int8)."""
+
+
+def lowbit_logits_impl(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
+) -> torch.Tensor:
+    """Approximate float32 logits of a low-bit LM head (`refine_top_logits` then
+    makes each row's top ones exact).
+
+    An int8 head at `INT_MM_MIN_TOKENS` rows or more quantizes the activations
+    too, as two int8 terms per row, and runs ``torch._int_mm`` (oneDNN, AMX/VNNI
+    int8): several times faster than the weight-only int8 kernel at 32 rows
+    (``_weight_int8pack_mm`` grows linearly with rows).  The refinement
+    recomputes the top logits whichever kernel ran (set by how many rows the
+    batch has); the others differ between the two paths by their rounding.
+    Fewer rows, and int4 heads, use `lowbit_linear`.
+    """
+    flat = x.reshape(-1, x.shape[-1])
+    if kind != INT8 or flat.shape[0] < INT_MM_MIN_TOKENS:
+        return lowbit_linear_impl(x, qweight, scales, None, kind).float()
+    flat = flat.float()
+    rows = flat.shape[0]
+    # Two int8 terms per row (the row, then what its rounding left): activation
+    # error ~1/127 of one int8 quantization, for one call with twice the rows.
+    hi_scale = flat.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+    hi = torch.round(flat / hi_scale)
+    rest = flat - hi * hi_scale
+    lo_scale = rest.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / 127.0
+    lo = torch.round(rest / lo_scale)
+    xq = torch.cat([hi, lo]).to(torch.int8)
+    both = torch._int_mm(xq, qweight.t()).float()
+    out = both[:rows].mul_(hi_scale).add_(both[rows:].mul_(lo_scale))
+    out.mul_(scales.float())
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _lowbit_logits_fake(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
+) -> torch.Tensor:
+    rows = scales.shape[1] if kind == INT4 else qweight.shape[0]
+    return x.new_empty(*x.shape[:-1], rows, dtype=torch.float32)
+
+
+lowbit_logits_op = register_op("lowbit_logits", lowbit_logits_impl, _lowbit_logits_fake)
+
+
+def lowbit_logits(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
+) -> torch.Tensor:
+    """The custom op when traced, the implementation itself in eager mode."""
+    if torch.compiler.is_compiling():
+        return torch.ops.minivllm.lowbit_logits(x, qweight, scales, kind)
+    return lowbit_logits_impl(x, qweight, scales, kind)
+
+
 REFINE_TOP = 16
 """Logits per row that `refine_top_logits` recomputes exactly."""
 
@@ -207,8 +263,10 @@ def refine_top_logits(
 __all__ = [
     "LOWBIT_MAX_TOKENS",
     "REFINE_TOP",
+    "INT_MM_MIN_TOKENS",
     "dequantize_weight",
     "lowbit_linear",
+    "lowbit_logits",
     "quantize_parts",
     "refine_top_logits",
 ]

@@ -16,7 +16,7 @@ from torch import nn
 from minivllm.model_executor.layers import cpu_gemm
 from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_rows
 from minivllm.model_executor.layers.quantized_linear import (
-    lowbit_linear,
+    lowbit_logits,
     quantize_parts,
     refine_top_logits,
 )
@@ -132,7 +132,7 @@ class LogitsProcessor(nn.Module):
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
         if lm_head.quant_kind:
             q = (lm_head.qweight, lm_head.qscales)
-            logits = lowbit_linear(hidden_states, *q, None, lm_head.quant_kind).float()
+            logits = lowbit_logits(hidden_states, *q, lm_head.quant_kind)
             refine_top_logits(hidden_states, logits, lm_head.qtable, lm_head.qtype)
         elif lm_head.use_packed_gemm:
             logits = cpu_gemm.linear(hidden_states, lm_head.weight, None).float()

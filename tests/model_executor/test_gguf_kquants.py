@@ -107,7 +107,8 @@ def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
             step = ref.abs().amax(dim=1, keepdim=True) / 127
             assert ((dense - ref).abs() <= step / 2 + 1e-6).all(), w.qtype.name
         x = torch.randn(3, w.shape[1])
-        for rows in (1, ql.LOWBIT_MAX_TOKENS + 1):  # the kernel and the dequantizing path
+        # The kernel and the dequantizing path of each form.
+        for rows in (1, ql.LOWBIT_MAX_TOKENS + 1, ql.INT4_MAX_TOKENS + 1):
             xs = x.repeat(rows, 1)[:rows]
             got = ql.lowbit_linear(xs, qweight, scales, None, kind)
             torch.testing.assert_close(got, xs @ dense.T, rtol=1e-4, atol=1e-3)

@@ -13,7 +13,6 @@ import importlib.util
 from collections import Counter
 from pathlib import Path
 
-import pytest
 import torch
 from mx_helpers import PagedRunner
 
@@ -37,7 +36,6 @@ def _text_token_ids(num_prompts: int, length: int) -> list[list[int]]:
     return [ids[i * step : i * step + length] for i in range(num_prompts)]
 
 
-@pytest.mark.slow  # ~1-2 min; test_gguf_kquants.py covers each kernel and the exact top logits
 def test_default_model_quantized_matches_float32(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MINIVLLM_CACHE_ROOT", str(tmp_path))
     hf_config = get_hf_config(str(DEFAULT_GGUF))

@@ -107,7 +107,58 @@ def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
             step = ref.abs().amax(dim=1, keepdim=True) / 127
             assert ((dense - ref).abs() <= step / 2 + 1e-6).all(), w.qtype.name
         x = torch.randn(3, w.shape[1])
-        for rows in (1, ql.LOWBIT_MAX_TOKENS + 1):  # the kernel and the dequantizing path
+        # The kernel and the dequantizing path of each form.
+        for rows in (1, ql.LOWBIT_MAX_TOKENS + 1, ql.INT4_MAX_TOKENS + 1):
             xs = x.repeat(rows, 1)[:rows]
             got = ql.lowbit_linear(xs, qweight, scales, None, kind)
             torch.testing.assert_close(got, xs @ dense.T, rtol=1e-4, atol=1e-3)
+
+
+def test_refined_top_logits_are_exact_per_type(weights: list[GGUFWeight]) -> None:
+    # The LM head's kernel output (bfloat16) with each row's top logits recomputed
+    # from the file's blocks: those equal the float32 product, and so does the argmax.
+    torch.manual_seed(0)
+    for w in weights:
+        ref = _reference(w)
+        kind, qweight, scales = ql.quantize_parts([w])  # the model's (bfloat16) form
+        x = torch.randn(5, w.shape[1])
+        approx = ql.lowbit_linear(x, qweight, scales, None, kind).float()
+        exact = x @ ref.T
+        got = approx.clone()
+        ql.refine_top_logits(x, got, w.data, int(w.qtype))
+        top = approx.topk(ql.REFINE_TOP, dim=-1).indices  # the ones recomputed
+        torch.testing.assert_close(got.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)
+        rest = torch.ones_like(got, dtype=torch.bool).scatter(1, top, False)
+        assert torch.equal(got[rest], approx[rest]), w.qtype.name
+        assert torch.equal(got.argmax(-1), exact.argmax(-1)), w.qtype.name
+        assert not torch.equal(approx.gather(1, top), exact.gather(1, top)), w.qtype.name
+
+
+def test_top_indices_two_steps_equal_topk() -> None:
+    # A vocabulary-sized row goes through the chunk maxima first: the same set.
+    logits = torch.randn(4, 49152)
+    logits[1, 64:96] = 10.0 + torch.arange(32.0)  # all of the top in one chunk
+    got = ql._top_indices(logits, ql.REFINE_TOP)
+    want = logits.topk(ql.REFINE_TOP, dim=-1).indices
+    assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+
+
+def test_int8_head_kernels_agree_on_refined_top_logits(weights: list[GGUFWeight]) -> None:
+    # Few rows run the weight-only kernel, many rows int8 x int8 (`torch._int_mm`):
+    # after the refinement the top logits are the exact ones either way.
+    torch.manual_seed(0)
+    w = next(w for w in weights if w.qtype == QT.Q8_0)
+    kind, qweight, scales = ql.quantize_parts([w])
+    assert kind == ql.INT8
+    x = torch.randn(ql.INT_MM_MIN_TOKENS, w.shape[1]) * 3
+    exact = x @ _reference(w).T
+    many = ql.lowbit_logits(x, qweight, scales, kind)
+    few = torch.cat([ql.lowbit_logits(row[None], qweight, scales, kind) for row in x])
+    assert many.dtype == few.dtype == torch.float32
+    torch.testing.assert_close(many, exact, rtol=0, atol=0.05 * exact.abs().max().item())
+    for logits in (many, few):
+        ql.refine_top_logits(x, logits, w.data, int(w.qtype))
+        assert torch.equal(logits.argmax(-1), exact.argmax(-1))
+    top = exact.topk(4, dim=-1).indices
+    torch.testing.assert_close(many.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(few.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)

@@ -2,8 +2,9 @@
 dequantized float32 self, teacher-forced on 8 prompts of 128 tokens through the
 decode kernels.  (Per-type dequantization and kernels: test_gguf_kquants.py.)
 
-The issue's bar is 97% top-1 agreement; measured 95.8% (the kernels' bfloat16
-outputs, the LM head's int8 rows), so this guards 95% and perplexity within 2%.
+The issue's bar: 97% top-1 agreement and perplexity within 2%.  Measured 98.6%
+and +0.4% (``python benchmarks/gguf_accuracy.py`` splits the remaining loss by
+source); without the LM head's exact top logits it was 93.8%.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import importlib.util
 from collections import Counter
 from pathlib import Path
 
-import pytest
 import torch
 from mx_helpers import PagedRunner
 
@@ -36,7 +36,6 @@ def _text_token_ids(num_prompts: int, length: int) -> list[list[int]]:
     return [ids[i * step : i * step + length] for i in range(num_prompts)]
 
 
-@pytest.mark.slow  # ~1-2 min; the per-type tests above cover each kernel in the fast suite
 def test_default_model_quantized_matches_float32(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MINIVLLM_CACHE_ROOT", str(tmp_path))
     hf_config = get_hf_config(str(DEFAULT_GGUF))
@@ -46,6 +45,13 @@ def test_default_model_quantized_matches_float32(tmp_path: Path, monkeypatch) ->
     kinds = Counter(getattr(m, "quant_kind", 0) for m in q_model.modules())
     assert kinds[ql.INT4] == 30 * 4 and kinds[ql.INT8] == 1, kinds  # qkv, o, gate_up, down; head
     assert q_model.model.embed_tokens.qtable is not None
+    assert q_model.lm_head.qtable is q_model.model.embed_tokens.qtable  # tied: one table
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in [*q_model.parameters(), *q_model.buffers()]
+    }
+    resident = sum(storages.values())
+    assert resident <= 1.3 * DEFAULT_GGUF.stat().st_size, resident  # the issue's memory cap
 
     prompts = _text_token_ids(8, 128)
     ref_runner = PagedRunner(ref_model, num_blocks=80, block_size=16)
@@ -63,5 +69,5 @@ def test_default_model_quantized_matches_float32(tmp_path: Path, monkeypatch) ->
         return logp.gather(-1, targets[..., None]).mean().neg().exp().item()
 
     ppl_ref, ppl_q = ppl(ref), ppl(got)
-    assert agree >= 0.95, agree
+    assert agree >= 0.97, agree
     assert abs(ppl_q / ppl_ref - 1) <= 0.02, (ppl_q, ppl_ref)

@@ -11,11 +11,24 @@ than a bfloat16 GEMM and run ~2x faster; at 32 tokens they are 3-4x slower):
   load and re-quantized to int8 with one scale per output row, for
   ``_weight_int8pack_mm`` (weight-only, like gpt-fast's int8).
 
-The int4 kernel runs at every row count: expanding an int4 weight per call
-costs more than the kernel even at 128 rows (measured: ~2 ms kernel against
-~8 ms expand + dense GEMM for a 1536x576 weight).  An int8 weight is cheap to
-expand, so above `LOWBIT_MAX_TOKENS` rows it is expanded to bfloat16 for that
-call and a dense GEMM runs instead; nothing expanded is kept.
+Both kernels' cost grows linearly with rows (they do not use AMX), so a large
+batch (prefill chunks) expands the weight to bfloat16 for that call and runs a
+dense GEMM instead; nothing expanded is kept.  An int8 weight is cheap to
+expand (above `LOWBIT_MAX_TOKENS` rows); an int4 one costs ~2-10 ms (torch ops),
+which the dense GEMM repays from ~200-300 rows on the default model's shapes
+(`INT4_MAX_TOKENS`; ``python benchmarks/lowbit_gemm.py``).  The expanded weight
+is rounded to bfloat16, so prefill chunks past that size compute on slightly
+different values than the decode kernels (which take the file's int4 values
+exactly); the accuracy test's figures are for the decode kernels.
+
+The LM head (`lowbit_logits`, then `refine_top_logits`): the kernels' bfloat16
+outputs rank close logits wrongly, so each row's top logits are recomputed in
+float32 from the file's raw blocks; the rest stay approximate.  With that, an
+int8 head from `INT_MM_MIN_TOKENS` rows quantizes its activations too and runs
+int8 x int8 (``torch._int_mm``).  Measured teacher-forced on the default model
+(``benchmarks/gguf_accuracy.py``): top-1 agreement with the float32 model 93.8%
+before, 98.6% with these; the rest of the loss is the body's bfloat16
+activations, outputs and scales (~1.5%).
 """
 
 from __future__ import annotations
@@ -23,7 +36,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.model_executor.layers.gguf_blocks import INT4_TYPES, GGUFWeight, int4_affine
+from minivllm.model_executor.layers.gguf_blocks import (
+    INT4_TYPES,
+    GGUFWeight,
+    dequantize_rows,
+    int4_affine,
+)
 from minivllm.torch_ops import register_op
 
 KERNEL_DTYPE = torch.bfloat16
@@ -35,6 +53,9 @@ model) to 96.5% this way."""
 
 LOWBIT_MAX_TOKENS = 64
 """Most rows the int8 kernel computes; more rows expand the int8 weight per call."""
+
+INT4_MAX_TOKENS = 256
+"""Most rows the int4 kernel computes; more rows expand the int4 weight per call."""
 
 INT4, INT8 = 4, 8
 GROUP = 32
@@ -91,7 +112,7 @@ def lowbit_linear_impl(
     flat = x.reshape(-1, x.shape[-1])
     if flat.dtype != scales.dtype:
         flat = flat.to(scales.dtype)
-    if kind == INT8 and flat.shape[0] > LOWBIT_MAX_TOKENS:
+    if flat.shape[0] > (LOWBIT_MAX_TOKENS if kind == INT8 else INT4_MAX_TOKENS):
         out = F.linear(flat, dequantize_weight(kind, qweight, scales))
     else:
         flat = flat.contiguous()
@@ -133,9 +154,136 @@ def lowbit_linear(
     return lowbit_linear_impl(x, qweight, scales, bias, kind)
 
 
+INT_MM_MIN_TOKENS = 8
+"""From this many rows an int8 LM head runs on `torch._int_mm` (int8 x int8)."""
+
+
+def lowbit_logits_impl(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
+) -> torch.Tensor:
+    """Approximate float32 logits of a low-bit LM head (`refine_top_logits` then
+    makes each row's top ones exact).
+
+    An int8 head at `INT_MM_MIN_TOKENS` rows or more quantizes the activations
+    too, as two int8 terms per row, and runs ``torch._int_mm`` (oneDNN, AMX/VNNI
+    int8): several times faster than the weight-only int8 kernel at 32 rows
+    (``_weight_int8pack_mm`` grows linearly with rows).  The refinement
+    recomputes the top logits whichever kernel ran (set by how many rows the
+    batch has); the others differ between the two paths by their rounding.
+    Fewer rows, and int4 heads, use `lowbit_linear`.
+    """
+    flat = x.reshape(-1, x.shape[-1])
+    if kind != INT8 or flat.shape[0] < INT_MM_MIN_TOKENS:
+        return lowbit_linear_impl(x, qweight, scales, None, kind).float()
+    flat = flat.float()
+    rows = flat.shape[0]
+    # Two int8 terms per row (the row, then what its rounding left): activation
+    # error ~1/127 of one int8 quantization, for one call with twice the rows.
+    hi_scale = flat.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+    hi = torch.round(flat / hi_scale)
+    rest = flat - hi * hi_scale
+    lo_scale = rest.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / 127.0
+    lo = torch.round(rest / lo_scale)
+    xq = torch.cat([hi, lo]).to(torch.int8)
+    both = torch._int_mm(xq, qweight.t()).float()
+    out = both[:rows].mul_(hi_scale).add_(both[rows:].mul_(lo_scale))
+    out.mul_(scales.float())
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _lowbit_logits_fake(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
+) -> torch.Tensor:
+    rows = scales.shape[1] if kind == INT4 else qweight.shape[0]
+    return x.new_empty(*x.shape[:-1], rows, dtype=torch.float32)
+
+
+lowbit_logits_op = register_op("lowbit_logits", lowbit_logits_impl, _lowbit_logits_fake)
+
+
+def lowbit_logits(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
+) -> torch.Tensor:
+    """The custom op when traced, the implementation itself in eager mode."""
+    if torch.compiler.is_compiling():
+        return torch.ops.minivllm.lowbit_logits(x, qweight, scales, kind)
+    return lowbit_logits_impl(x, qweight, scales, kind)
+
+
+REFINE_TOP = 16
+"""Logits per row that `refine_top_logits` recomputes exactly."""
+
+
+def _top_indices(logits: torch.Tensor, k: int, chunk: int = 64) -> torch.Tensor:
+    """Column indices of each row's ``k`` largest values (unordered), in two steps:
+    the ``k`` chunks with the largest maxima hold them all, so only those chunks'
+    elements are ranked (3-5x faster than one ``topk`` over a 49k vocabulary)."""
+    rows, cols = logits.shape
+    if cols % chunk or cols // chunk < k:
+        return logits.topk(k, dim=-1, sorted=False).indices
+    chunks = logits.view(rows, cols // chunk, chunk)
+    best = chunks.amax(-1).topk(k, dim=-1, sorted=False).indices
+    cand = chunks.gather(1, best[..., None].expand(rows, k, chunk)).view(rows, k * chunk)
+    j = cand.topk(k, dim=-1, sorted=False).indices
+    return best.gather(1, j // chunk) * chunk + j % chunk
+
+
+def refine_top_logits_impl(
+    x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
+) -> None:
+    """Recompute, in place, each row's `REFINE_TOP` largest ``logits`` in float32
+    from the file's exact values (raw GGUF rows ``table``); the rest stay as given.
+
+    The low-bit LM head gives bfloat16 logits (and an int8 head re-quantizes the
+    file's values), which alone cost ~4% top-1 agreement with the float32 model
+    on the default model (``benchmarks/gguf_accuracy.py``: a logit near 16 is
+    rounded to a step of 0.06, so close candidates swap).  Those errors are far
+    smaller than the gap to the 16th candidate, so the top tokens, where
+    sampling, greedy decoding and log-probabilities look, come out exact.
+    """
+    from gguf import GGMLQuantizationType
+
+    dim = x.shape[-1]
+    flat = logits.view(-1, logits.shape[-1])
+    k = min(REFINE_TOP, flat.shape[-1])
+    top = _top_indices(flat, k)
+    rows = dequantize_rows(table.index_select(0, top.reshape(-1)), GGMLQuantizationType(qtype), dim)
+    exact = torch.bmm(rows.view(-1, k, dim), x.reshape(-1, dim, 1).float()).squeeze(-1)
+    flat.scatter_(1, top, exact)
+
+
+def _refine_top_logits_fake(
+    x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
+) -> None:
+    return None
+
+
+refine_top_logits_op = register_op(
+    "refine_top_logits",
+    refine_top_logits_impl,
+    _refine_top_logits_fake,
+    mutates_args=("logits",),
+)
+
+
+def refine_top_logits(
+    x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
+) -> None:
+    """The custom op when traced, the implementation itself in eager mode."""
+    if torch.compiler.is_compiling():
+        torch.ops.minivllm.refine_top_logits(x, logits, table, qtype)
+    else:
+        refine_top_logits_impl(x, logits, table, qtype)
+
+
 __all__ = [
+    "INT4_MAX_TOKENS",
     "LOWBIT_MAX_TOKENS",
+    "REFINE_TOP",
+    "INT_MM_MIN_TOKENS",
     "dequantize_weight",
     "lowbit_linear",
+    "lowbit_logits",
     "quantize_parts",
+    "refine_top_logits",
 ]

@@ -2,7 +2,8 @@
 
 Given quantized GGUF blocks (`GGUFWeight`), the embedding keeps the raw blocks
 and expands only the rows it looks up (exactly the file's values), and the LM
-head computes on a low-bit copy (`quantized_linear`).  A tied pair shares one
+head computes on a low-bit copy (`quantized_linear`) and recomputes each row's
+top logits exactly from the blocks.  A tied pair shares one
 parameter, so the blocks ride on that parameter until both have taken them.
 """
 
@@ -14,7 +15,11 @@ from torch import nn
 
 from minivllm.model_executor.layers import cpu_gemm
 from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_rows
-from minivllm.model_executor.layers.quantized_linear import lowbit_linear, quantize_parts
+from minivllm.model_executor.layers.quantized_linear import (
+    lowbit_logits,
+    quantize_parts,
+    refine_top_logits,
+)
 from minivllm.model_executor.layers.utils import default_weight_loader, make_param
 from minivllm.torch_ops import register_op
 
@@ -99,11 +104,16 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.weight = embed_tokens.weight
 
     def process_weights_after_loading(self, dtype: torch.dtype) -> None:
-        """Compute on a low-bit copy of kept GGUF blocks; drop the float parameter."""
+        """Compute on a low-bit copy of kept GGUF blocks; drop the float parameter.
+
+        The raw blocks stay too (``qtable``, the embedding's own tensor when the
+        two are tied, so no extra memory): the top logits are recomputed from them.
+        """
         source = getattr(self.weight, _GGUF_ATTR, None)
         if source is None:
             return
         self.quant_kind, self.qweight, self.qscales = quantize_parts([source])
+        self.qtable, self.qtype = source.data, int(source.qtype)
         self.weight = None  # type: ignore[assignment]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -122,7 +132,8 @@ class LogitsProcessor(nn.Module):
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
         if lm_head.quant_kind:
             q = (lm_head.qweight, lm_head.qscales)
-            logits = lowbit_linear(hidden_states, *q, None, lm_head.quant_kind).float()
+            logits = lowbit_logits(hidden_states, *q, lm_head.quant_kind)
+            refine_top_logits(hidden_states, logits, lm_head.qtable, lm_head.qtype)
         elif lm_head.use_packed_gemm:
             logits = cpu_gemm.linear(hidden_states, lm_head.weight, None).float()
         else:

@@ -294,6 +294,14 @@ class CpuSdpaBackend:
             layer.k_scale,
             layer.v_scale,
         )
+        num_heads, num_kv_heads = q.shape[1], k.shape[1]
+        if query_len == 1 and span.mask is None and num_heads != num_kv_heads:
+            # One row sees its whole context: fold the query heads that share a KV head
+            # into rows of it, as `_decode` does (SDPA's GQA path is slower here).
+            grouped = q.view(1, num_kv_heads, num_heads // num_kv_heads, q.shape[2])
+            res = _sdpa(grouped, k.transpose(0, 1)[None], v.transpose(0, 1)[None], layer.scale)
+            out.copy_(res.view(1, num_heads, q.shape[2]))
+            return
         res = _sdpa(
             q.transpose(0, 1)[None],
             k.transpose(0, 1)[None],

@@ -25,11 +25,16 @@ Each wrapped call costs ~1 us, so the timed run is a little slower than the clea
 one.  ``--torch-profile`` adds torch.profiler's op table for a few steps.
 
     python benchmarks/step_profile.py --quantization gguf            # -O2 (default)
-    python benchmarks/step_profile.py --quantization none -O0
-    python benchmarks/step_profile.py --quantization gguf --levels 0 2   # side by side
+    python benchmarks/step_profile.py --quantization none -O 0
+    python benchmarks/step_profile.py --quantization gguf none -O 0 2   # side by side
+    git archive HEAD~3 | tar -x -C /tmp/before
+    python benchmarks/step_profile.py --baseline /tmp/before         # before/after
 
-With several ``--levels`` / ``--quantization`` values each configuration runs in
-its own process, one after another, and a summary of tokens/s follows.
+With several configurations (``--quantization`` / ``-O`` values, or ``--baseline``,
+which runs each one again on an older source tree) every configuration gets its
+own process; they take turns decoding, ``--rounds`` times, so a loaded machine
+slows them alike, and each table shows the round with the median step time,
+followed by tokens/s (median) and ratios.
 """
 
 from __future__ import annotations

@@ -43,6 +43,29 @@ def test_greedy_is_argmax_and_leaves_input_alone() -> None:
     assert torch.equal(logits, before)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plain_greedy_fast_path_matches_the_general_path(dtype: torch.dtype) -> None:
+    # Few distinct values, so rows have ties: both paths must pick the first of them.
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randint(0, 4, (8, VOCAB), generator=gen).to(dtype)
+    states = [RequestSamplingState.create(SamplingParams(temperature=0), [1]) for _ in range(8)]
+    meta = SamplingMetadata.build(states, VOCAB)
+    assert meta.is_plain_greedy
+    fast = Sampler()(logits, meta).sampled_token_ids
+    general = Sampler.sample(logits.to(torch.float32, copy=True), meta)
+    assert torch.equal(fast, general)
+    # Anything that reads or edits the logits takes the general path.
+    for params in (
+        SamplingParams(temperature=0, logprobs=2),
+        SamplingParams(temperature=0, logit_bias={3: 1.0}),
+        SamplingParams(temperature=0, presence_penalty=0.5),
+        SamplingParams(temperature=0, allowed_token_ids=[1, 2]),
+        SamplingParams(temperature=0.7),
+    ):
+        state = RequestSamplingState.create(params, [1])
+        assert not SamplingMetadata.build([state], VOCAB).is_plain_greedy
+
+
 def test_mixed_batch_greedy_rows_stay_greedy() -> None:
     logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(1))
     params = [SamplingParams(temperature=0 if i % 2 else 1.5) for i in range(6)]

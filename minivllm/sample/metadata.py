@@ -117,6 +117,20 @@ class SamplingMetadata:
     constrains (rows None: every row), bit set = token allowed; set by the model runner
     from the requests' grammar matchers."""
 
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Every row takes the argmax of its raw logits: greedy, and nothing (logprobs,
+        penalties, allowed tokens, min_tokens, logit bias, a grammar) reads or edits them."""
+        return (
+            self.all_greedy
+            and self.max_num_logprobs is None
+            and self.no_penalties
+            and self.disallowed_mask is None
+            and self.min_tokens_mask is None
+            and self.logit_bias is None
+            and self.grammar_bitmask is None
+        )
+
     @classmethod
     def build(
         cls,

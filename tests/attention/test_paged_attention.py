@@ -275,3 +275,31 @@ def test_disable_sliding_window_makes_layers_attend_to_everything():
         layer = Attention(NH, HD, HD**-0.5, NKV, prefix="l9.attn", sliding_window=7)
     assert layer.sliding_window is None
     assert make_layer(sliding_window=7).sliding_window == 7
+
+
+@pytest.mark.parametrize("limit", [0, 1 << 40])
+def test_small_steps_run_attention_on_one_thread(monkeypatch, limit):
+    """At or below SMALL_ATTENTION_WORK a step's attention runs on one thread (same
+    results), above it on torch's threads; the thread count is restored after."""
+    from minivllm.attention.backends import cpu_sdpa
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = []
+    real = cpu_sdpa._sdpa
+    monkeypatch.setattr(cpu_sdpa, "SMALL_ATTENTION_WORK", limit)
+    monkeypatch.setattr(
+        cpu_sdpa, "_sdpa", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k)
+    )
+    try:
+        lengths = [23, 5, 17, 9]
+        seqs = random_seqs(lengths)
+        chunks = [[10, 7, 1, 1, 1, 1, 1, 1], [0, 3, 1, 1], [17], [4, 1, 1, 1, 1, 1]]
+        outs = run_schedule(make_layer(block_size=4), 4, seqs, chunks)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert set(seen) == ({1} if limit else {2})
+    for i in range(len(lengths)):
+        ref = dense_reference(seqs[0][i], seqs[1][i], seqs[2][i])
+        torch.testing.assert_close(outs[i], ref, atol=1e-5, rtol=1e-5)

@@ -349,6 +349,17 @@ def test_inductor_defaults_on_cpu(cpu: Any) -> None:
     ).inductor_compile_config["enable_auto_functionalized_v2"]
 
 
+def test_inductor_loops_serial_on_few_cpu_cores(cpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from minivllm.config.compilation import checks
+
+    monkeypatch.setattr(checks, "usable_cpu_cores", lambda: 2)
+    assert CompilationConfig().inductor_compile_config["cpp.threads"] == 1
+    user = CompilationConfig(inductor_compile_config={"cpp.threads": 2})
+    assert user.inductor_compile_config["cpp.threads"] == 2
+    monkeypatch.setattr(checks, "usable_cpu_cores", lambda: 16)
+    assert "cpp.threads" not in CompilationConfig().inductor_compile_config
+
+
 def test_combo_kernels_on_cuda(cuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCHINDUCTOR_DETERMINISTIC", raising=False)
     config = CompilationConfig().inductor_compile_config

@@ -10,6 +10,12 @@ shifted so query ``i`` sees context positions ``<= seq_len - query_len + i``.
 Everything that depends only on the step's metadata (which requests decode, their
 padded key mask, the slots to write) is worked out once per step in a `StepPlan`
 and reused by every layer: per layer only the gathers and the SDPA calls remain.
+A step whose attention is small (a single decode token over a short context, the
+batch-1 decode step) runs it on one thread: SDPA's parallel loop over a few heads
+costs more in waking and joining the other OpenMP threads (tens of microseconds
+each time, far more on a loaded machine) than the work itself, and every layer
+pays it.  Larger steps keep torch's thread count.
+
 Sliding-window layers get a plan of their own (one per window size): query ``p``
 sees keys ``p - window + 1 .. p``; a prefill gathers only the blocks from the first
 key any of its queries sees, so blocks that fell out of the window (which the KV
@@ -18,6 +24,8 @@ cache manager may have handed to another request) are never read.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +34,26 @@ import torch.nn.functional as F
 
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.ops import gather_kv, gather_kv_batched, store_kv, valid_slots
+
+SMALL_ATTENTION_WORK = 1 << 21
+"""Query-key products (times heads x head size) of a step at or below which its
+attention runs on one thread: ~2M multiply-adds, some 100 us on one core, so a
+batch-1 decode step up to a context of a few thousand tokens (9 heads of 64)."""
+
+
+@contextmanager
+def one_thread(enabled: bool) -> Iterator[None]:
+    """Run the block with torch (OpenMP) on one thread when ``enabled``; setting the
+    thread count costs well under a microsecond and the pool is kept."""
+    threads = torch.get_num_threads()
+    if not enabled or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _sdpa(
@@ -85,6 +113,8 @@ class StepPlan:
     """Token rows whose K/V are written; None when it is every row."""
     decode: DecodeGroup | None
     prefills: list[PrefillSpan]
+    key_work: int = 0
+    """Sum over requests of query tokens x keys they see (see `SMALL_ATTENTION_WORK`)."""
 
 
 def build_step_plan(
@@ -126,7 +156,8 @@ def build_step_plan(
             q_pos = torch.arange(seq_len - query_len, seq_len, device=device)
             mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
         prefills.append(PrefillSpan(i, qsl[i], qsl[i + 1], seq_len, mask, first_block))
-    return StepPlan(write_slots, write_rows, decode, prefills)
+    key_work = sum((qsl[i + 1] - qsl[i]) * seq_lens[i] for i in range(num_reqs))
+    return StepPlan(write_slots, write_rows, decode, prefills, key_work)
 
 
 def _decode_group(
@@ -235,13 +266,15 @@ class CpuSdpaBackend:
             output.copy_(out[0].transpose(0, 1))
             return
         plan = self.plan(layer, md)
-        if plan.decode is not None:
-            self._decode(layer, query, plan.decode, output)
-        for span in plan.prefills:
-            self._prefill_one(
-                layer, query[span.start : span.end], md.block_tables[span.req], span,
-                output[span.start : span.end],
-            )  # fmt: skip
+        small = plan.key_work * query.shape[1] * query.shape[2] <= SMALL_ATTENTION_WORK
+        with one_thread(small):
+            if plan.decode is not None:
+                self._decode(layer, query, plan.decode, output)
+            for span in plan.prefills:
+                self._prefill_one(
+                    layer, query[span.start : span.end], md.block_tables[span.req], span,
+                    output[span.start : span.end],
+                )  # fmt: skip
 
     def _prefill_one(
         self,
@@ -261,6 +294,14 @@ class CpuSdpaBackend:
             layer.k_scale,
             layer.v_scale,
         )
+        num_heads, num_kv_heads = q.shape[1], k.shape[1]
+        if query_len == 1 and span.mask is None and num_heads != num_kv_heads:
+            # One row sees its whole context: fold the query heads that share a KV head
+            # into rows of it, as `_decode` does (SDPA's GQA path is slower here).
+            grouped = q.view(1, num_kv_heads, num_heads // num_kv_heads, q.shape[2])
+            res = _sdpa(grouped, k.transpose(0, 1)[None], v.transpose(0, 1)[None], layer.scale)
+            out.copy_(res.view(1, num_heads, q.shape[2]))
+            return
         res = _sdpa(
             q.transpose(0, 1)[None],
             k.transpose(0, 1)[None],

@@ -27,6 +27,13 @@ BASE_CUSTOM_OPS = frozenset({"all", "none"})
 PIECEWISE_BACKENDS = ("", "eager", "inductor")
 """Backends VLLM_COMPILE can compile the pieces with ("" becomes the platform's)."""
 
+SERIAL_INDUCTOR_MAX_CORES = 4
+"""On a CPU with at most this many usable cores, Inductor's generated loops run on
+one thread (``cpp.threads=1``) unless the user sets ``cpp.threads``: at decode sizes
+(a few rows of a few hundred values) forking and joining the OpenMP team costs more
+than the loop, 30-odd kernels per step; the GEMMs and attention are ATen calls and
+keep torch's threads."""
+
 SAVE_FORMATS = ("binary", "unpacked")
 
 
@@ -69,11 +76,20 @@ def _inductor_deterministic_default() -> bool:
     return os.environ.get("TORCHINDUCTOR_DETERMINISTIC") == "1"
 
 
+def usable_cpu_cores() -> int:
+    """Cores this process may run on (its affinity mask, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def default_inductor_options(cfg: CompilationConfig) -> None:
     """Fill the Inductor options minivllm relies on, unless the user set them."""
     options = cfg.inductor_compile_config
     # Custom passes match auto-functionalized (v1) ops, so keep Inductor on v1.
     options.setdefault("enable_auto_functionalized_v2", False)
+    if current_platform.is_cpu() and usable_cpu_cores() <= SERIAL_INDUCTOR_MAX_CORES:
+        options.setdefault("cpp.threads", 1)
     if not torch_at_least("2.12.0.dev"):
         # Runtime shape asserts cost ~ms per step before torch 2.12 made them
         # assert-once; keep them only when debugging.

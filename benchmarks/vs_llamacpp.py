@@ -107,11 +107,13 @@ ENGINE_ARGS: list[str] = []
 """Engine flags added to every minivllm run (set from --quantization)."""
 
 
-def minivllm_json(args: list[str], timeout: float) -> dict:
+def minivllm_json(args: list[str], timeout: float, engine: bool = True) -> dict:
+    """Run ``minivllm bench ARGS`` (with `ENGINE_ARGS` unless it is a client only)."""
+    extra = ENGINE_ARGS if engine else []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "out.json"
         run(
-            [*MINIVLLM, "bench", *args, *ENGINE_ARGS, "--output-json", str(path), "--disable-tqdm"],
+            [*MINIVLLM, "bench", *args, *extra, "--output-json", str(path), "--disable-tqdm"],
             timeout,
             minivllm_env(),
         )
@@ -121,6 +123,9 @@ def minivllm_json(args: list[str], timeout: float) -> dict:
 def minivllm_batch1(model: str, iters: int) -> dict[str, float]:
     common = ["latency", "--model", model, "--batch-size", "1", "--input-len", "128"]
     common += ["--num-iters-warmup", "1", "--num-iters", str(iters)]
+    # Every iteration sends the same prompt: with prefix caching the prefill would
+    # be served from the cache after the warm-up, and pp128 would not measure it.
+    common += ["--no-enable-prefix-caching"]
     one = minivllm_json([*common, "--output-len", "1"], 1800)["avg_latency"]
     full = minivllm_json([*common, "--output-len", "128"], 1800)["avg_latency"]
     return {"pp128": 128 / one, "tg128": 127 / max(full - one, 1e-9)}
@@ -169,6 +174,7 @@ def serve_throughput(server_cmd: list[str], port: int, model: str, prompts: int,
             + ["--max-concurrency", "16", "--input-len", "128", "--output-len", "128"]
             + ["--ignore-eos", "--endpoint", "/v1/completions"],
             3600,
+            engine=False,  # the client; the server got the engine flags
         )
         return float(result["output_throughput"])
     finally:
@@ -225,6 +231,7 @@ def main() -> None:
             (f"{seqs} seqs, 128/128 total tok/s", lbb.get(seqs), minivllm_batched(model, seqs))
         )
     if not args.skip_serve:
+        print_table(rows, load)  # kept if serving fails
         port = free_port()
         llama_cmd = [str(bin_dir / "llama-server"), "-m", model, "-t", str(args.threads)]
         llama_cmd += ["-np", "16", "-c", str(16 * 256), "--port", str(port), "--host", "127.0.0.1"]

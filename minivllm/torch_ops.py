@@ -40,4 +40,17 @@ def register_op(
     return getattr(torch.ops.minivllm, name)
 
 
-__all__ = ["register_op"]
+def eager_or_op(op: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
+    """A function that runs ``impl`` itself in eager mode (no dispatcher round trip)
+    and calls the op packet ``op`` while Dynamo traces, so the graph keeps it opaque."""
+
+    def call(*args: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return op(*args)
+        return impl(*args)
+
+    call.__doc__ = impl.__doc__
+    return call
+
+
+__all__ = ["eager_or_op", "register_op"]

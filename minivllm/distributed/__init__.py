@@ -13,6 +13,7 @@ from minivllm.distributed.parallel_state import (
     init_distributed_environment,
     initialize_model_parallel,
     model_parallel_is_initialized,
+    output_rank,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "init_distributed_environment",
     "initialize_model_parallel",
     "model_parallel_is_initialized",
+    "output_rank",
 ]

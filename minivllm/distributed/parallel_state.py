@@ -37,6 +37,12 @@ _SINGLE = _ParallelGroups(
 _groups: _ParallelGroups = _SINGLE
 
 
+def output_rank(world_size: int, tensor_parallel_size: int) -> int:
+    """The global rank that samples and whose step output the engine uses: the first
+    tensor-parallel rank of the last pipeline stage."""
+    return world_size - tensor_parallel_size
+
+
 def default_backend(device_type: str) -> str:
     """nccl for CUDA tensors, gloo for CPU ones."""
     return "nccl" if device_type == "cuda" else "gloo"

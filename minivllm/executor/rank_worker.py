@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from minivllm.platforms.cpu import usable_cpu_cores
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -25,20 +26,16 @@ def threads_per_worker(world_size: int) -> int:
     """Each rank's share of the CPU threads (``MINIVLLM_CPU_THREADS`` or the usable
     cores, split evenly), at least one."""
     raw = os.environ.get("MINIVLLM_CPU_THREADS")
-    if raw:
-        total = int(raw)
-    else:
-        try:
-            total = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            total = os.cpu_count() or 1
+    total = int(raw) if raw else usable_cpu_cores()
     return max(1, total // world_size)
 
 
 def output_rank(vllm_config: VllmConfig) -> int:
     """Global rank whose step output the engine uses."""
+    from minivllm.distributed import output_rank as rank_rule
+
     parallel = vllm_config.parallel_config
-    return parallel.world_size - parallel.tensor_parallel_size
+    return rank_rule(parallel.world_size, parallel.tensor_parallel_size)
 
 
 class RankWorker:

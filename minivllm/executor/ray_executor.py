@@ -103,10 +103,14 @@ class RayExecutor:
 
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
         """Call ``method`` on every actor (arguments put in the object store once)."""
+        return self._call(self._submit(method, args), method)
+
+    def _submit(self, method: str, args: tuple[Any, ...]) -> list[Any]:
+        """Start ``method`` on every actor (arguments put in the object store once)."""
         if self._failed is not None:
             raise WorkerError(self._failed)
         refs = [self._ray.put(a) for a in args]
-        return self._call([getattr(w, method).remote(*refs) for w in self.workers], method)
+        return [getattr(w, method).remote(*refs) for w in self.workers]
 
     def _call(self, refs: list[Any], method: str) -> list[Any]:
         ray = self._ray
@@ -129,11 +133,7 @@ class RayExecutor:
     ) -> ModelRunnerOutput | RayPendingStep:
         """Run one step on every actor: the output rank's `ModelRunnerOutput`, or with
         ``non_block`` a `RayPendingStep` whose ``result()`` waits for it."""
-        if self._failed is not None:
-            raise WorkerError(self._failed)
-        ref = self._ray.put(scheduler_output)
-        refs = [w.execute.remote(ref) for w in self.workers]
-        step = RayPendingStep(self, refs)
+        step = RayPendingStep(self, self._submit("execute", (scheduler_output,)))
         return step if non_block else step.result()
 
     def is_healthy(self) -> bool:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from minivllm.platforms.interface import Platform, PlatformEnum
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
+
+
+def usable_cpu_cores() -> int:
+    """Cores this process may run on (its affinity mask, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # pragma: no cover - not Linux
 
 
 class CpuPlatform(Platform):

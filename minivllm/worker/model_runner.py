@@ -25,7 +25,7 @@ from minivllm.attention.paged_kv import (
     resolve_kv_cache_dtype,
 )
 from minivllm.config.vllm import set_current_vllm_config
-from minivllm.distributed import get_pp_group, get_world_group
+from minivllm.distributed import get_pp_group, get_world_group, output_rank
 from minivllm.kv_cache.groups import KVCacheGroups, plan_kv_cache_groups
 from minivllm.logger import init_logger
 from minivllm.model_executor.custom_op import op_registry
@@ -74,7 +74,7 @@ class ModelRunner:
         self.grammar_bitmask = GrammarBitmask(self.vocab_size, device)
         world = get_world_group()
         tp_size = vllm_config.parallel_config.tensor_parallel_size
-        self.is_output_rank = world.rank_in_group == world.world_size - tp_size
+        self.is_output_rank = world.rank_in_group == output_rank(world.world_size, tp_size)
         """Whether this rank samples (and its output is the step's result)."""
 
     # -- set-up -------------------------------------------------------------

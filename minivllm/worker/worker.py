@@ -29,6 +29,7 @@ from minivllm.distributed.parallel_state import (
 )
 from minivllm.kv_cache.groups import max_blocks_per_request
 from minivllm.logger import init_logger
+from minivllm.platforms.cpu import usable_cpu_cores
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.worker.model_runner import ModelRunner
 
@@ -46,14 +47,7 @@ float32, more than a CPU batch uses, and quick to allocate (the cache is zeroed)
 def configure_cpu_threads() -> int:
     """Set torch's intra-op threads to the usable cores; returns the count."""
     raw = os.environ.get("MINIVLLM_CPU_THREADS")
-    if raw:
-        num = int(raw)
-    else:
-        try:
-            num = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            num = os.cpu_count() or 1
-    torch.set_num_threads(max(1, num))
+    torch.set_num_threads(max(1, int(raw) if raw else usable_cpu_cores()))
     return torch.get_num_threads()
 
 

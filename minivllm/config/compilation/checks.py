@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from minivllm import envs
 from minivllm.platforms import current_platform
+from minivllm.platforms.cpu import usable_cpu_cores
 
 if TYPE_CHECKING:
     from minivllm.config.compilation import CompilationConfig
@@ -74,13 +75,6 @@ def _inductor_deterministic_default() -> bool:
     if inductor_config is not None:
         return bool(getattr(inductor_config, "deterministic", False))
     return os.environ.get("TORCHINDUCTOR_DETERMINISTIC") == "1"
-
-
-def usable_cpu_cores() -> int:
-    """Cores this process may run on (its affinity mask, where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def default_inductor_options(cfg: CompilationConfig) -> None:

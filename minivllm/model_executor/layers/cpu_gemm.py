@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.torch_ops import register_op
+from minivllm.torch_ops import eager_or_op, register_op
 
 PACK_BATCH_HINT = 32
 """Row count oneDNN tunes the packed layout for (any row count stays correct)."""
@@ -90,12 +90,8 @@ packed_linear = register_op("packed_linear", packed_linear_impl, _packed_linear_
 treat as opaque (they cannot handle the packed weight itself)."""
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The linear map of a layer whose weight is packed: the custom op when traced,
-    the implementation itself in eager mode (no dispatcher round trip)."""
-    if torch.compiler.is_compiling():
-        return torch.ops.minivllm.packed_linear(x, weight, bias)
-    return packed_linear_impl(x, weight, bias)
+linear = eager_or_op(packed_linear, packed_linear_impl)
+"""The linear map of a layer whose weight is packed (`packed_linear_impl`)."""
 
 
 def pack_linear_weights(model: nn.Module, device: torch.device, dtype: torch.dtype) -> int:

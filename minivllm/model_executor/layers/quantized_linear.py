@@ -42,7 +42,7 @@ from minivllm.model_executor.layers.gguf_blocks import (
     dequantize_rows,
     int4_affine,
 )
-from minivllm.torch_ops import register_op
+from minivllm.torch_ops import eager_or_op, register_op
 
 KERNEL_DTYPE = torch.bfloat16
 """Activation dtype of the low-bit kernels (their float32 variants are ~30x slower
@@ -141,17 +141,7 @@ lowbit_linear_op = register_op("lowbit_linear", lowbit_linear_impl, _lowbit_line
 """``minivllm::lowbit_linear``: opaque to Dynamo/Inductor (it picks a path per row count)."""
 
 
-def lowbit_linear(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    bias: torch.Tensor | None,
-    kind: int,
-) -> torch.Tensor:
-    """The custom op when traced, the implementation itself in eager mode."""
-    if torch.compiler.is_compiling():
-        return torch.ops.minivllm.lowbit_linear(x, qweight, scales, bias, kind)
-    return lowbit_linear_impl(x, qweight, scales, bias, kind)
+lowbit_linear = eager_or_op(lowbit_linear_op, lowbit_linear_impl)
 
 
 INT_MM_MIN_TOKENS = 8
@@ -201,13 +191,7 @@ def _lowbit_logits_fake(
 lowbit_logits_op = register_op("lowbit_logits", lowbit_logits_impl, _lowbit_logits_fake)
 
 
-def lowbit_logits(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
-) -> torch.Tensor:
-    """The custom op when traced, the implementation itself in eager mode."""
-    if torch.compiler.is_compiling():
-        return torch.ops.minivllm.lowbit_logits(x, qweight, scales, kind)
-    return lowbit_logits_impl(x, qweight, scales, kind)
+lowbit_logits = eager_or_op(lowbit_logits_op, lowbit_logits_impl)
 
 
 REFINE_TOP = 16
@@ -266,14 +250,7 @@ refine_top_logits_op = register_op(
 )
 
 
-def refine_top_logits(
-    x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
-) -> None:
-    """The custom op when traced, the implementation itself in eager mode."""
-    if torch.compiler.is_compiling():
-        torch.ops.minivllm.refine_top_logits(x, logits, table, qtype)
-    else:
-        refine_top_logits_impl(x, logits, table, qtype)
+refine_top_logits = eager_or_op(refine_top_logits_op, refine_top_logits_impl)
 
 
 __all__ = [

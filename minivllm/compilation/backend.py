@@ -78,8 +78,18 @@ class VllmBackend:
         prefix: str = "",
         is_encoder: bool = False,
         use_aot_compile: bool = True,
+        splitting_ops: list[str] | None = None,
+        one_range: bool = False,
+        save_pieces: bool = True,
     ) -> None:
         self.vllm_config = vllm_config
+        self.splitting_ops = splitting_ops
+        """Ops to split at instead of ``compilation_config.splitting_ops``."""
+        self.one_range = one_range
+        """Compile every piece once, for any token count (no compile ranges or sizes)."""
+        self.save_pieces = save_pieces
+        """Keep compiled pieces in minivllm's compile cache (Inductor's own caches
+        still apply)."""
         self.compilation_config = vllm_config.compilation_config
         self.prefix = prefix or "model"
         self.is_encoder = is_encoder
@@ -109,7 +119,7 @@ class VllmBackend:
     def _make_compiler(self) -> PieceCompiler:
         cc = self.compilation_config
         cache = None
-        if self.use_inductor and not _cache_disabled():
+        if self.use_inductor and self.save_pieces and not _cache_disabled():
             directory = local_cache_dir(self.vllm_config, self.prefix)
             cache = CompileCache(directory, cc.compile_cache_save_format)
             logger.info("compile cache: %s (%s)", directory, cc.compile_cache_save_format)
@@ -120,14 +130,16 @@ class VllmBackend:
         cc = self.compilation_config
         compilation_counter.num_graphs_seen += 1
         passes = run_passes(gm, cc.pass_config)
-        splitting_ops = list(cc.splitting_ops or [])
+        splitting_ops = list(
+            cc.splitting_ops or [] if self.splitting_ops is None else self.splitting_ops
+        )
         self.split_gm, self.items = split_graph(gm, splitting_ops)
         to_compile = [item for item in self.items if not item.is_splitting_graph]
         compilation_counter.num_piecewise_graphs_seen += len(to_compile)
         compilation_counter.num_splitting_ops_seen += len(self.items) - len(to_compile)
         self.compiler = self._make_compiler()
-        ranges = cc.get_compile_ranges()
-        sizes = [int(s) for s in cc.compile_sizes or []]
+        ranges = [] if self.one_range else cc.get_compile_ranges()
+        sizes = [] if self.one_range else [int(s) for s in cc.compile_sizes or []]
         num_pieces = len(to_compile)
 
         def make_piece(name: str, submod: fx.GraphModule, args: list[Any]) -> Callable[..., Any]:

@@ -34,6 +34,7 @@ from minivllm.worker.cudagraph import (
     log_capture,
     timer,
 )
+from minivllm.worker.decode_graph import CpuDecodeGraph, decode_graph_wanted, is_float_cache
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
@@ -110,6 +111,12 @@ class ForwardRunner:
         self._pool: GraphPool | None = None
         if self.dispatcher.capture_sizes and device.type == "cuda":
             self._setup_cuda()
+        self.decode_graph: CpuDecodeGraph | None = None
+        why_not = decode_graph_wanted(vllm_config, attn_layers)
+        if why_not is None:
+            self.decode_graph = CpuDecodeGraph(model, vllm_config, attn_layers)
+        else:
+            logger.debug("CPU decode graph off: %s", why_not)
 
     # -- start-up -----------------------------------------------------------------
     def _setup_cuda(self) -> None:
@@ -187,6 +194,8 @@ class ForwardRunner:
     @torch.inference_mode()
     def capture_cudagraphs(self) -> int:
         """Capture every graph of the capture plan (CUDA only); returns how many."""
+        if self.decode_graph is not None:
+            self._warm_up_decode_graph(self.decode_graph)
         plan = self.dispatcher.capture_plan()
         if not plan or self.device.type != "cuda" or self._pool is None:
             return 0
@@ -223,6 +232,19 @@ class ForwardRunner:
         )
         return len(plan)
 
+    def _warm_up_decode_graph(self, graph: CpuDecodeGraph) -> None:
+        if not is_float_cache(self.attn_layers):
+            logger.info("CPU decode graph off: fp8 KV cache")
+            self.decode_graph = None
+            return
+        groups = 1 + max(getattr(layer, "kv_group", 0) for layer in self.attn_layers.values())
+        logger.info(
+            "start-up 3/4: compiling the CPU decode graphs (batch 1 and 2-%d)", graph.max_seqs
+        )
+        seconds = graph.warm_up(groups)
+        self.compilation_config.compilation_time += seconds
+        logger.info("CPU decode graphs compiled in %.2f s", seconds)
+
     # -- FULL graphs --------------------------------------------------------------
     def _full_forward(self, size: int, uniform: bool) -> torch.Tensor:
         with set_forward_context(self._graph_buffers.metadata(size), self.attn_layers) as ctx:
@@ -236,6 +258,9 @@ class ForwardRunner:
     ) -> torch.Tensor:
         """Hidden states ``[num_tokens, H]`` of the step's real tokens."""
         n = input_ids.shape[0]
+        if self.decode_graph is not None and self.decode_graph.accepts(n, md):
+            assert md is not None
+            return self.decode_graph.run(input_ids, positions, md)
         uniform = md is not None and md.max_query_len == 1
         mode, padded = self.dispatcher.dispatch(BatchDescriptor(n, uniform))
         if (

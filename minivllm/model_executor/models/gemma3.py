@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm.attention.decode_graph import decode_layer_boundary
 from minivllm.attention.layer import Attention
 from minivllm.model_executor.layers.activation import GeluAndMul
 from minivllm.model_executor.layers.layernorm import GemmaRMSNorm
@@ -178,7 +179,7 @@ class Gemma3Model(nn.Module):
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * self.normalizer.to(hidden.dtype)
         for layer in self.layers:
-            hidden = layer(positions, hidden)
+            hidden = decode_layer_boundary(layer(positions, hidden))
         return self.norm(hidden)
 
 

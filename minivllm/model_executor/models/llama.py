@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm.attention.decode_graph import decode_layer_boundary
 from minivllm.attention.layer import Attention
 from minivllm.distributed import get_pp_group, get_tp_group
 from minivllm.model_executor.layers.activation import SiluAndMul
@@ -201,6 +202,7 @@ class LlamaModel(nn.Module):
         residual = None
         for layer in self.layers[self.start_layer : self.end_layer]:
             hidden, residual = layer(positions, hidden, residual)
+            hidden = decode_layer_boundary(hidden)
         if not pp.is_last_rank:
             stream = hidden if residual is None else hidden + residual
             return pp.send(stream, pp.next_rank)

@@ -1,0 +1,128 @@
+"""Paged decode attention written in plain torch ops, for a whole-forward CPU graph.
+
+A decode step (every request has one new token) is the step a CPU engine runs
+most, and at small batches its time goes to per-op overhead more than to work:
+the model's 30 layers each make several Python-level custom-op calls (KV write,
+attention, the low-bit GEMMs), each with its own gathers and copies.  The CPU
+decode graph (`minivllm.worker.decode_graph`) traces the whole forward once with
+attention inlined as the ops below, so Inductor compiles the KV write
+(an in-place ``index_put_`` into the cache), the gather of the context through
+the block table (indirect loads, nothing materialised) and the softmax into
+C++ loops between the GEMMs.
+
+The step's block tables, context lengths and write slots reach the traced code
+through `DECODE_INPUTS`, a module-level holder the runner fills before each
+call (the forward context is a ``ContextVar``, which Dynamo does not trace).
+Its tensors become inputs of the compiled graph, read afresh on every call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minivllm.attention.ops import dequantize_from_cache, quantize_for_cache
+from minivllm.torch_ops import register_op
+
+
+@dataclass
+class DecodeInputs:
+    """What the traced attention reads of one decode step (one token per request)."""
+
+    tracing: bool = False
+    """True while the decode graph is traced or run: `Attention` then inlines
+    `decode_attention` instead of calling its custom ops."""
+    seq_lens: torch.Tensor | None = None
+    """int32 [B]: context length of each request, this step's token included."""
+    block_tables: list[torch.Tensor] = field(default_factory=list)
+    """Per KV cache group, int32 [B, nb]: the blocks holding each request's context
+    (``nb * block_size >= max(seq_lens)``; entries past a request's end point at
+    the null block and are masked)."""
+    slots: list[torch.Tensor] = field(default_factory=list)
+    """Per KV cache group, int64 [B]: the flat slot this step's K/V go to."""
+
+
+DECODE_INPUTS = DecodeInputs()
+
+
+def decode_attention(
+    layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> torch.Tensor:
+    """Write this step's K/V into ``layer.kv_cache`` and return the attention of
+    ``query`` [B, nh*hd] over each request's context, [B, nh*hd].
+
+    The query heads that share a KV head are computed together; scores and the
+    softmax are float32 whatever the cache dtype.  Keys a query must not see
+    (past its context, or before its sliding window) get a score of -inf.
+    """
+    inputs = DECODE_INPUTS
+    cache = layer.kv_cache
+    group = layer.kv_group
+    num_blocks, block_size, nkv, hd = cache.shape[1:]
+    b = query.shape[0]
+    nh = layer.num_heads
+    slots = inputs.slots[group]
+    # One index_put_ on the cache tensor itself (not a view of it), so Inductor
+    # writes the rows in place instead of rebuilding the whole cache.
+    new_kv = torch.stack([key.view(b, nkv, hd), value.view(b, nkv, hd)])
+    scales = torch.stack([layer.k_scale, layer.v_scale]).view(2, 1, 1, 1)
+    which = torch.arange(2, device=cache.device)[:, None]
+    cache.index_put_(
+        (which, (slots // block_size)[None], (slots % block_size)[None]),
+        quantize_for_cache(new_kv, cache.dtype, scales),
+    )
+    table = inputs.block_tables[group]
+    keys = dequantize_from_cache(cache[0][table], torch.float32, layer.k_scale)
+    values = dequantize_from_cache(cache[1][table], torch.float32, layer.v_scale)
+    keys = keys.view(b, -1, nkv, 1, hd)  # [B, T, nkv, 1, hd]
+    values = values.view(b, -1, nkv, 1, hd)
+    q = query.view(b, 1, nkv, nh // nkv, hd).float()
+    scores = (q * keys).sum(-1) * layer.scale  # [B, T, nkv, G]
+    pos = torch.arange(keys.shape[1], device=query.device)[None, :]
+    lens = inputs.seq_lens[:, None]
+    visible = pos < lens
+    window = layer.sliding_window
+    if window is not None:
+        visible = visible & (pos >= lens - window)
+    scores = scores.masked_fill(~visible[:, :, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=1)
+    out = (probs[..., None] * values).sum(1)  # [B, nkv, G, hd]
+    return out.reshape(b, nh * hd).to(query.dtype)
+
+
+def _boundary_impl(hidden: torch.Tensor) -> torch.Tensor:
+    return hidden.clone()
+
+
+def _boundary_fake(hidden: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(hidden)
+
+
+LAYER_BOUNDARY_OP = "minivllm::decode_layer_boundary"
+"""Where the decode graph is split: one compiled piece per decoder layer."""
+
+_layer_boundary = register_op("decode_layer_boundary", _boundary_impl, _boundary_fake)
+
+
+def decode_layer_boundary(hidden: torch.Tensor) -> torch.Tensor:
+    """Mark the end of a decoder layer in the decode graph's trace (a copy of
+    ``hidden``, ~1 us); elsewhere ``hidden`` itself.
+
+    The decode graph is split at these marks, so its pieces are the decoder layers:
+    the middle ones are the same graph with other weights and compile once, where
+    a single whole-model graph takes Inductor minutes to compile.
+    """
+    if DECODE_INPUTS.tracing:
+        return _layer_boundary(hidden)
+    return hidden
+
+
+__all__ = [
+    "DECODE_INPUTS",
+    "LAYER_BOUNDARY_OP",
+    "DecodeInputs",
+    "decode_attention",
+    "decode_layer_boundary",
+]

@@ -1,0 +1,188 @@
+"""`CpuDecodeGraph`: decode steps on CPU run as one compiled graph per batch shape.
+
+What a CUDA graph is to a GPU decode step, this is to a CPU one: the compiled
+piecewise forward still leaves Python between the pieces -- each layer's KV
+write and attention are custom ops that gather the context and call SDPA, and
+every low-bit GEMM is a custom op too -- and at batch 1 that per-call overhead,
+not arithmetic or weight reading, is most of the step.  Here the whole forward
+of a decode step (every request has exactly one new token, at most
+`DECODE_GRAPH_MAX_SEQS` of them) is traced once with attention written in torch
+ops (`minivllm.attention.decode_graph`) and the low-bit GEMMs as their aten
+kernels, and Inductor compiles it into one graph: one Python call per step.
+
+Two graphs are compiled when the KV cache is bound (start-up 3/4): one for a
+single request (the batch dimension fixed at 1, as Dynamo specialises it) and one
+for 2..`DECODE_GRAPH_MAX_SEQS` requests; both keep the context length (blocks per
+request) dynamic.  Like the piecewise forward they run without Dynamo's guards,
+so nothing re-traces at run time.  Steps that are not plain decode (prefill
+chunks, speculative tokens, more requests) keep the piecewise forward.
+
+Used in the ``VLLM_COMPILE`` mode on CPU, for models whose attention layers all
+use the CPU backend with a float KV cache; ``MINIVLLM_CPU_DECODE_GRAPH=0`` turns
+it off.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from minivllm.attention.decode_graph import DECODE_INPUTS, LAYER_BOUNDARY_OP
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.attention.paged_kv import is_fp8
+from minivllm.compilation.backend import VllmBackend
+from minivllm.config.compilation.modes import CompilationMode
+from minivllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from minivllm.config.vllm import VllmConfig
+
+logger = init_logger(__name__)
+
+DECODE_GRAPH_MAX_SEQS = 64
+"""Most requests a decode graph step takes: the low-bit kernels it traces in are
+the faster choice up to about this many rows (`LOWBIT_MAX_TOKENS`)."""
+
+_MIN_BLOCKS = 2
+"""Block-table width is padded to at least this: Dynamo fixes a dimension that
+is 1 when traced, and this one must stay dynamic."""
+
+
+def decode_graph_wanted(vllm_config: VllmConfig, attn_layers: dict[str, Any]) -> str | None:
+    """Why the decode graph is not used for this engine, or None when it is."""
+    if os.environ.get("MINIVLLM_CPU_DECODE_GRAPH", "1") == "0":
+        return "MINIVLLM_CPU_DECODE_GRAPH=0"
+    if vllm_config.device_config.device_type != "cpu":
+        return "not on CPU"
+    if vllm_config.compilation_config.mode != CompilationMode.VLLM_COMPILE:
+        return "compilation mode is not VLLM_COMPILE"
+    if not attn_layers:
+        return "no attention layers"
+    for layer in attn_layers.values():
+        if layer.impl.name != "CPU_SDPA":
+            return f"attention backend {layer.impl.name}"
+        if layer.calculate_kv_scales:
+            return "calculate_kv_scales"
+    return None
+
+
+class CpuDecodeGraph:
+    """The compiled decode-step forward of one model (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, vllm_config: VllmConfig, attn_layers: dict[str, Any]):
+        self.model = model
+        self.attn_layers = attn_layers
+        self.max_seqs = min(DECODE_GRAPH_MAX_SEQS, vllm_config.scheduler_config.max_num_seqs)
+        self.block_size = vllm_config.cache_config.block_size
+        self.backend = VllmBackend(
+            vllm_config,
+            prefix="decode",
+            use_aot_compile=False,
+            splitting_ops=[LAYER_BOUNDARY_OP],
+            one_range=True,
+        )
+
+        def decode_forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return model(input_ids, positions)
+
+        # One trace serves every batch and context size: no guards, as the model
+        # forward runs (`minivllm.compilation.wrapper`).
+        self._fn = torch.compile(
+            decode_forward,
+            backend=self.backend,
+            fullgraph=True,
+            dynamic=False,
+            options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
+        )
+        self.ready = False
+        self.num_groups = 1
+        self.num_steps = 0
+        """Decode steps this graph ran (tests and benchmarks read it)."""
+
+    # -- start-up ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def warm_up(self, num_groups: int) -> float:
+        """Trace and compile (the KV caches must be bound); returns seconds spent.
+
+        The trace runs a batch of 2 with 2 blocks each, both dimensions marked
+        dynamic, and writes only to the null block (block 0)."""
+        self.num_groups = num_groups
+        start = time.perf_counter()
+        b = 2
+        ids = torch.zeros(b, dtype=torch.long)
+        pos = torch.zeros(b, dtype=torch.long)
+        lens = torch.ones(b, dtype=torch.int32)
+        tables = [torch.zeros(b, _MIN_BLOCKS, dtype=torch.int32) for _ in range(num_groups)]
+        slots = [torch.zeros(b, dtype=torch.long) for _ in range(num_groups)]
+        for t in (ids, pos, lens, *tables, *slots):
+            torch._dynamo.mark_dynamic(t, 0)
+        for t in tables:
+            torch._dynamo.mark_dynamic(t, 1)
+        self._call(ids, pos, lens, tables, slots)
+        self.ready = True
+        return time.perf_counter() - start
+
+    # -- per step -----------------------------------------------------------------------
+    def accepts(self, num_tokens: int, md: AttentionMetadata | None) -> bool:
+        """Whether this step is a plain decode step the graph can run."""
+        return (
+            self.ready
+            and md is not None
+            and md.max_query_len == 1
+            and num_tokens == md.num_reqs
+            and num_tokens <= self.max_seqs
+        )
+
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
+    ) -> torch.Tensor:
+        """Hidden states of a decode step (`accepts` must have said yes)."""
+        n = input_ids.shape[0]
+        self.num_steps += 1
+        tables, slots = [], []
+        for g in range(self.num_groups):
+            gmd = md if md.group_metadata is None else md.group_metadata[g]
+            width = max(_MIN_BLOCKS, -(-gmd.max_seq_len // self.block_size))
+            tables.append(_table(gmd.block_tables, width))
+            slots.append(gmd.slot_mapping[:n])
+        return self._call(input_ids, positions, md.seq_lens, tables, slots)
+
+    def _call(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        lens: torch.Tensor,
+        tables: list[torch.Tensor],
+        slots: list[torch.Tensor],
+    ) -> torch.Tensor:
+        inputs = DECODE_INPUTS
+        inputs.seq_lens, inputs.block_tables, inputs.slots = lens, tables, slots
+        inputs.tracing = True
+        try:
+            return self._fn(ids, pos)
+        finally:
+            inputs.tracing = False
+            inputs.seq_lens, inputs.block_tables, inputs.slots = None, [], []
+
+
+def _table(block_tables: torch.Tensor, width: int) -> torch.Tensor:
+    """The first ``width`` columns of the block tables, contiguous (zeros past the end)."""
+    cols = block_tables.shape[1]
+    if cols >= width:
+        return block_tables[:, :width].contiguous()
+    pad = block_tables.new_zeros(block_tables.shape[0], width - cols)
+    return torch.cat([block_tables, pad], dim=1)
+
+
+def is_float_cache(attn_layers: dict[str, Any]) -> bool:
+    return all(
+        layer.kv_cache is not None and not is_fp8(layer.kv_cache.dtype)
+        for layer in attn_layers.values()
+    )
+
+
+__all__ = ["DECODE_GRAPH_MAX_SEQS", "CpuDecodeGraph", "decode_graph_wanted"]

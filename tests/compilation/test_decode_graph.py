@@ -1,0 +1,121 @@
+"""The CPU decode graph (`minivllm.worker.decode_graph`): decode steps run as one
+compiled graph with attention inlined, and give the piecewise forward's tokens.
+
+Each engine is built once; the test switches the graph off and on in the same engine
+(``decode_graph.ready``), so both paths run the same weights and KV cache layout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compile_helpers import make_llm
+
+from minivllm import SamplingParams
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.worker.decode_graph import DECODE_GRAPH_MAX_SEQS
+
+# Prompts of 1..40 tokens with block_size 8: contexts span 1 to 7 blocks, so the
+# graph's block-table width (a dynamic dimension) changes while requests decode.
+PROMPTS = [
+    [1, 5, 9, 17, 33, 2, 7],
+    [3],
+    [100, 90, 80, 70, 60, 50, 40, 30, 20, 10, 11],
+    [(7 * i) % 120 + 1 for i in range(40)],
+]
+
+
+def decode_graph(llm: Any) -> Any:
+    return llm.llm_engine.executor.worker.model_runner.forward_runner.decode_graph
+
+
+def run(llm: Any, graph_on: bool, prompts: list[list[int]], n: int = 20) -> list[Any]:
+    decode_graph(llm).ready = graph_on
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=2)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0] for o in outs]
+
+
+def assert_same(graph: list[Any], piecewise: list[Any]) -> None:
+    for g, p in zip(graph, piecewise, strict=True):
+        assert list(g.token_ids) == list(p.token_ids)
+        for lg, lp in zip(g.logprobs, p.logprobs, strict=True):
+            for tok, entry in lp.items():
+                assert lg[tok].logprob == pytest.approx(entry.logprob, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama: Path) -> Any:
+    return make_llm(tiny_llama, optimization_level=2, block_size=8)
+
+
+def test_decode_steps_run_in_the_graph_and_match_piecewise(llama: Any) -> None:
+    graph = decode_graph(llama)
+    assert graph is not None and graph.ready
+    piecewise = run(llama, False, PROMPTS)
+    steps = graph.num_steps
+    on = run(llama, True, PROMPTS)
+    # 19 decode steps of the batch (the first token comes from the prefill step).
+    assert graph.num_steps - steps >= 19
+    assert_same(on, piecewise)
+    # One request alone (the batch-1 step) and a batch of two.
+    assert_same(run(llama, True, PROMPTS[3:]), run(llama, False, PROMPTS[3:]))
+    assert_same(run(llama, True, PROMPTS[:2]), run(llama, False, PROMPTS[:2]))
+
+
+def test_only_plain_decode_steps_take_the_graph(llama: Any) -> None:
+    graph = decode_graph(llama)
+    graph.ready = True
+
+    def md(query_lens: list[int]) -> AttentionMetadata:
+        import torch
+
+        n = len(query_lens)
+        return AttentionMetadata(
+            num_actual_tokens=sum(query_lens),
+            max_query_len=max(query_lens),
+            max_seq_len=16,
+            query_start_loc=torch.zeros(n + 1, dtype=torch.int32),
+            seq_lens=torch.full((n,), 16, dtype=torch.int32),
+            block_tables=torch.zeros(n, 2, dtype=torch.int32),
+            slot_mapping=torch.zeros(sum(query_lens), dtype=torch.long),
+        )
+
+    assert graph.accepts(3, md([1, 1, 1]))
+    assert not graph.accepts(4, md([1, 3]))  # a prefill chunk in the step
+    assert not graph.accepts(1, None)  # a dummy run
+    big = min(DECODE_GRAPH_MAX_SEQS, graph.max_seqs) + 1
+    assert not graph.accepts(big, md([1] * big))
+
+
+def test_sliding_window_model_matches_piecewise(tmp_path: Path) -> None:
+    """Gemma 3 (every other layer a 6-token sliding window, two KV cache groups)."""
+    from model_helpers import save_random_hf_model
+
+    save_random_hf_model(
+        tmp_path,
+        config_name="Gemma3TextConfig",
+        architecture="Gemma3ForCausalLM",
+        head_dim=16,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    llm = make_llm(tmp_path, optimization_level=2, block_size=8, max_model_len=128)
+    graph = decode_graph(llm)
+    assert graph is not None and graph.num_groups == 2
+    steps = graph.num_steps
+    assert_same(run(llm, True, PROMPTS), run(llm, False, PROMPTS))
+    assert graph.num_steps > steps
+
+
+def test_off_switch_and_eager_mode(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    eager = make_llm(tiny_llama, optimization_level=0)
+    assert decode_graph(eager) is None
+    monkeypatch.setenv("MINIVLLM_CPU_DECODE_GRAPH", "0")
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.worker.decode_graph import decode_graph_wanted
+
+    cfg = EngineArgs(model=str(tiny_llama), skip_tokenizer_init=True).create_engine_config()
+    assert decode_graph_wanted(cfg, {"x": object()}) == "MINIVLLM_CPU_DECODE_GRAPH=0"

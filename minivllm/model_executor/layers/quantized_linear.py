@@ -81,9 +81,11 @@ def quantize_parts(
         scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
         return INT4, packed, scale_zero.to(dtype)
     w = torch.cat([p.dequantize() if isinstance(p, GGUFWeight) else p.float() for p in parts])
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-    w8 = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return INT8, w8, scale.to(dtype)
+    # Codes for the scale as stored (rounded to ``dtype``), so code * scale is the
+    # nearest value the kernel can compute, not off by the scale's rounding.
+    scale = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(dtype)
+    w8 = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return INT8, w8, scale
 
 
 def dequantize_weight(kind: int, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -212,11 +214,22 @@ def _top_indices(logits: torch.Tensor, k: int, chunk: int = 64) -> torch.Tensor:
     return best.gather(1, j // chunk) * chunk + j % chunk
 
 
+PLAIN_TABLE = -1
+"""``qtype`` of `refine_top_logits` for a table of plain rows: float, or int8 codes
+with one scale per row (not a GGUF type: those are 0 and up)."""
+
+
 def refine_top_logits_impl(
-    x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
+    x: torch.Tensor,
+    logits: torch.Tensor,
+    table: torch.Tensor,
+    qtype: int,
+    scales: torch.Tensor | None,
 ) -> None:
     """Recompute, in place, each row's `REFINE_TOP` largest ``logits`` in float32
-    from the file's exact values (raw GGUF rows ``table``); the rest stay as given.
+    from the exact weights ``table``; the rest stay as given.  ``table`` holds raw
+    GGUF rows of type ``qtype``, or (``qtype`` `PLAIN_TABLE`) float rows, or int8
+    rows whose per-row ``scales`` give the values.
 
     The low-bit LM head gives bfloat16 logits (and an int8 head re-quantizes the
     file's values), which alone cost ~4% top-1 agreement with the float32 model
@@ -225,19 +238,29 @@ def refine_top_logits_impl(
     smaller than the gap to the 16th candidate, so the top tokens, where
     sampling, greedy decoding and log-probabilities look, come out exact.
     """
-    from gguf import GGMLQuantizationType
-
     dim = x.shape[-1]
     flat = logits.view(-1, logits.shape[-1])
     k = min(REFINE_TOP, flat.shape[-1])
-    top = _top_indices(flat, k)
-    rows = dequantize_rows(table.index_select(0, top.reshape(-1)), GGMLQuantizationType(qtype), dim)
+    top = _top_indices(flat, k).reshape(-1)
+    picked = table.index_select(0, top)
+    if qtype == PLAIN_TABLE:
+        rows = picked.float()
+        if scales is not None:
+            rows = rows * scales.index_select(0, top).float()[:, None]
+    else:
+        from gguf import GGMLQuantizationType
+
+        rows = dequantize_rows(picked, GGMLQuantizationType(qtype), dim)
     exact = torch.bmm(rows.view(-1, k, dim), x.reshape(-1, dim, 1).float()).squeeze(-1)
-    flat.scatter_(1, top, exact)
+    flat.scatter_(1, top.view(-1, k), exact)
 
 
 def _refine_top_logits_fake(
-    x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
+    x: torch.Tensor,
+    logits: torch.Tensor,
+    table: torch.Tensor,
+    qtype: int,
+    scales: torch.Tensor | None,
 ) -> None:
     return None
 
@@ -258,6 +281,7 @@ __all__ = [
     "LOWBIT_MAX_TOKENS",
     "REFINE_TOP",
     "INT_MM_MIN_TOKENS",
+    "PLAIN_TABLE",
     "dequantize_weight",
     "lowbit_linear",
     "lowbit_logits",

@@ -68,14 +68,35 @@ def test_int8_model_close_to_float32(checkpoint: Path) -> None:
     head = q.lm_head
     assert head.qweight.nbytes + head.qscales.nbytes <= 0.26 * head.qweight.numel() * 4
 
-    prompts = _prompts(4, 48, hf_config.vocab_size)
-    want = _teacher_forced(ref, prompts, decode=24)
-    got = _teacher_forced(q, prompts, decode=24)
-    rel = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
-    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
-    print(f"max relative logit error {rel:.4f}, top-1 agreement {agree:.3f}")
-    assert rel < 0.03, rel
-    assert agree >= 0.95, agree
+    # 4 decode rows: the weight-only kernel; 16: int8 x int8; the prefill: expanded.
+    for num in (4, 16):
+        prompts = _prompts(num, 40, hf_config.vocab_size)
+        want = _teacher_forced(ref, prompts, decode=16)
+        got = _teacher_forced(q, prompts, decode=16)
+        rel = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
+        agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+        print(f"{num} prompts: max relative logit error {rel:.4f}, top-1 agreement {agree:.3f}")
+        assert rel < 0.03, rel
+        assert agree >= 0.95, agree
+
+
+@pytest.mark.parametrize("rows", [1, 15, 16, 64, 65])
+def test_int8_linear_paths_agree_with_the_dequantized_weight(rows: int) -> None:
+    """Each row-count path of an int8 linear (weight-only kernel, int8 x int8,
+    expanded GEMM) computes ``x @ W.T`` of the quantized weight, up to activation
+    rounding (bfloat16 for the kernel and the expansion)."""
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 64, generator=gen) * 0.05
+    kind, qweight, scales = ql.quantize_parts([w])
+    assert kind == ql.INT8 and qweight.dtype == torch.int8 and scales.shape == (96,)
+    dequantized = qweight.float() * scales.float()[:, None]
+    assert (dequantized - w).abs().max() <= scales.float().max() / 2 + 1e-6
+    x = torch.randn(rows, 64, generator=gen)
+    bias = torch.randn(96, generator=gen)
+    got = ql.lowbit_linear(x, qweight, scales, bias, kind)
+    want = x @ dequantized.T + bias
+    assert got.dtype == torch.float32 and got.shape == (rows, 96)
+    assert ((got - want).norm() / want.norm()).item() < 5e-3
 
 
 def test_engine_compiled_with_prefix_caching_and_chunked_prefill(

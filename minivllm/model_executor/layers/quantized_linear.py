@@ -14,10 +14,10 @@ than a bfloat16 GEMM and run ~2x faster; at 32 tokens they are 3-4x slower):
 Both kernels' cost grows linearly with rows (they do not use AMX), so a large
 batch (prefill chunks) expands the weight to bfloat16 for that call and runs a
 dense GEMM instead; nothing expanded is kept.  An int8 weight at 16-64 rows runs
-int8 x int8 instead (`int8_act_mm`, activations quantized as two int8 terms).  An int8 weight is cheap to
-expand (above `LOWBIT_MAX_TOKENS` rows); an int4 one costs ~2-10 ms (torch ops),
-which the dense GEMM repays from ~200-300 rows on the default model's shapes
-(`INT4_MAX_TOKENS`; ``python benchmarks/lowbit_gemm.py``).  The expanded weight
+int8 x int8 instead (`int8_act_mm`, activations quantized as two int8 terms).
+An int8 weight is cheap to expand (above `LOWBIT_MAX_TOKENS` rows); an int4 one
+costs ~2-10 ms (torch ops), which the dense GEMM repays from ~200-300 rows on the
+default model's shapes (`INT4_MAX_TOKENS`; ``python benchmarks/lowbit_gemm.py``).  The expanded weight
 is rounded to bfloat16, so prefill chunks past that size compute on slightly
 different values than the decode kernels (which take the file's int4 values
 exactly); the accuracy test's figures are for the decode kernels.

@@ -105,6 +105,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.register_buffer("qscales", None, persistent=False)
         self.tied = False
         """Whether the weight is the embedding's (`tie_weights`)."""
+        self.qtable_scaled = False
+        """Whether ``qtable`` holds int8 rows that ``qscales`` scale (an untied int8 head)."""
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
         """Use the embedding table as the output projection (``tie_word_embeddings``)."""
@@ -134,6 +136,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.quant_kind, self.qweight, self.qscales = quantize_parts([weight])
         self.qtype = PLAIN_TABLE
         self.qtable = weight if self.tied else self.qweight
+        self.qtable_scaled = not self.tied
         self.weight = None  # type: ignore[assignment]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -153,7 +156,7 @@ class LogitsProcessor(nn.Module):
         if lm_head.quant_kind:
             q = (lm_head.qweight, lm_head.qscales)
             logits = lowbit_logits(hidden_states, *q, lm_head.quant_kind)
-            scales = lm_head.qscales if lm_head.qtable is lm_head.qweight else None
+            scales = lm_head.qscales if lm_head.qtable_scaled else None
             refine_top_logits(hidden_states, logits, lm_head.qtable, lm_head.qtype, scales)
         elif lm_head.use_packed_gemm:
             logits = cpu_gemm.linear(hidden_states, lm_head.weight, None).float()

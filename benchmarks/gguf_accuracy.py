@@ -110,7 +110,7 @@ def run_variant(name: str, path: Path, prompts, ref: torch.Tensor) -> tuple[floa
     if emulate:  # keep float32 scales; the emulation rounds them when asked
         ql.quantize_parts.__defaults__ = (torch.float32,)
     try:
-        model = load_model(path, hf_config, torch.float32, keep_quantized=True)
+        model = load_model(path, hf_config, torch.float32, quantization="gguf")
         if emulate:
             losses = {s for s in name.split(":", 1)[1].split(",") if s}
             ql.lowbit_linear_impl = emulated_impl(model, losses)

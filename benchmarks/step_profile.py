@@ -120,7 +120,7 @@ def install(timers: Timers, engine: Any) -> None:
     def gemm_phase() -> str:
         return "gemm" if timers.in_forward else "lm_head"
 
-    for name in ("_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm"):
+    for name in ("_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm", "_int_mm"):
         timers.wrap(torch, name, gemm_phase)
     timers.wrap(cpu_gemm, "onednn_linear", gemm_phase)
     timers.wrap(F, "linear", gemm_phase)

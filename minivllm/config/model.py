@@ -95,11 +95,15 @@ class ModelConfig:
     limit (``max_position_embeddings`` / GGUF ``context_length``, scaled by
     RoPE scaling). A larger value is an error."""
     quantization: str | None = None
-    """Weight quantization method, for GGUF files only. "gguf": the file's matrices
-    stay quantized in memory and are computed on in low-bit form (about 2.5x faster
-    single-stream decode on CPU, slower at large batches). Unset or "none": they are
-    dequantized to float at load (vLLM makes "gguf" the default for GGUF files;
-    minivllm keeps it opt-in until its batched low-bit path is as fast)."""
+    """Weight quantization method. "gguf" (GGUF files): the file's matrices stay
+    quantized in memory and are computed on in low-bit form (about 2.5x faster
+    single-stream decode on CPU, slower at large batches). "int8_per_channel"
+    (unquantized HF checkpoints, CPU only; minivllm's own online scheme, named like
+    vLLM's load-time ``fp8_per_tensor``): every linear weight of the decoder and
+    the LM head is quantized to int8 at load, one scale per output channel; the
+    embedding stays float. Unset or "none": float weights (a quantized GGUF is
+    dequantized at load; vLLM makes "gguf" the default for GGUF files, minivllm
+    keeps it opt-in until its batched low-bit path is as fast)."""
     enforce_eager: bool = False
     """Always run eagerly: no torch.compile, no CUDA graphs."""
     max_logprobs: int = 20
@@ -261,6 +265,11 @@ class ModelConfig:
                 raise ValueError(
                     f"quantization={self.quantization!r} does not apply to a GGUF file; "
                     "use 'gguf' (compute on the quantized weights) or 'none' (dequantize)"
+                    + (
+                        "; int8_per_channel is for unquantized HF checkpoints"
+                        if self.quantization == "int8_per_channel"
+                        else ""
+                    )
                 )
             # Unset: dequantize to float at load (opt-in until the batched low-bit path
             # is as fast as the float one; see README "GGUF quantized compute").
@@ -268,11 +277,21 @@ class ModelConfig:
         method = None
         if self.quantization_config is not None:
             method = self.quantization_config.get("quant_method", "unknown")
-        if self.quantization is not None or method is not None:
+        if method is not None:
+            fix = (
+                "int8_per_channel quantizes float weights at load; use an unquantized "
+                "checkpoint for it"
+                if self.quantization == "int8_per_channel"
+                else "Use an unquantized HF checkpoint or a GGUF file"
+            )
             raise ValueError(
-                f"quantization {self.quantization or method!r} is not supported by minivllm: "
-                "only GGUF files may be quantized. Use an unquantized HF checkpoint or a "
-                "GGUF file."
+                f"quantization {method!r} (the checkpoint's) is not supported by minivllm. {fix}."
+            )
+        if self.quantization not in (None, "int8_per_channel"):
+            raise ValueError(
+                f"quantization {self.quantization!r} is not supported by minivllm for an HF "
+                "checkpoint: use 'int8_per_channel' (int8 weights computed at load) or drop "
+                "it ('gguf' is for GGUF files)."
             )
 
     def _resolve_dtype(self) -> torch.dtype:

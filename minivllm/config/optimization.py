@@ -14,6 +14,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any, Literal
 
 from minivllm.config.compilation.modes import CUDAGraphMode
+from minivllm.config.quantization import WEIGHT_ONLY_METHODS
 from minivllm.platforms import current_platform
 
 if TYPE_CHECKING:
@@ -148,13 +149,14 @@ def enable_rope_kvcache_mla_fusion(cfg: VllmConfig) -> bool:
 def enable_attn_quant_fusion(cfg: VllmConfig) -> bool:
     """On for models whose attention output is quantized (fp8/fp4 checkpoints).
 
-    GGUF is weight-only: its kernels dequantize weights and attention writes
-    activations in the model dtype, so there is no output quant to fuse, and turning
-    the pass on would only empty ``splitting_ops`` (no piecewise graphs).
+    minivllm's methods (GGUF, int8_per_channel) are weight-only: their kernels take
+    activations in the model dtype and attention writes them so, there is no output
+    quant to fuse, and turning the pass on would only empty ``splitting_ops`` (no
+    piecewise graphs).
     """
     model = cfg.model_config
     quantization = None if model is None else model.quantization
-    return quantization is not None and quantization != "gguf"
+    return quantization is not None and quantization not in WEIGHT_ONLY_METHODS
 
 
 # -- the per-level tables ---------------------------------------------------------

@@ -1,8 +1,16 @@
 """Quantization: `QuantizationConfig` objects for ``VllmConfig.quant_config``.
 
-minivllm's only quantized format is GGUF, whose weights the GGUF loader
-dequantizes; `GGUFConfig` describes it. Every other method is refused, both
-here and by `ModelConfig`.
+Two weight-only methods, both computed on by the low-bit CPU kernels of
+``model_executor/layers/quantized_linear.py``:
+
+- ``gguf`` (`GGUFConfig`): a quantized GGUF file's matrices stay in their
+  low-bit form (vLLM's name for it);
+- ``int8_per_channel`` (`Int8PerChannelConfig`): minivllm's own online scheme,
+  named like vLLM's load-time ones (``fp8_per_tensor``, ``fp8_per_block``): an
+  unquantized HF checkpoint's linear weights are quantized to int8 at load, one
+  scale per output channel.
+
+Every other method is refused, both here and by `ModelConfig`.
 """
 
 from __future__ import annotations
@@ -15,7 +23,10 @@ if TYPE_CHECKING:
     from minivllm.config.load import LoadConfig
     from minivllm.config.model import ModelConfig
 
-SUPPORTED_QUANTIZATION_METHODS = ("gguf",)
+SUPPORTED_QUANTIZATION_METHODS = ("gguf", "int8_per_channel")
+
+WEIGHT_ONLY_METHODS = SUPPORTED_QUANTIZATION_METHODS
+"""Methods whose activations stay in the model dtype (no output quantization to fuse)."""
 
 
 class QuantizationConfig:
@@ -49,13 +60,31 @@ class QuantizationConfig:
 
 
 class GGUFConfig(QuantizationConfig):
-    """GGUF block-quantized weights, dequantized to the compute dtype on load."""
+    """GGUF block-quantized weights, kept low-bit in memory and computed on so."""
 
     def get_name(self) -> str:
         return "gguf"
 
     def get_min_capability(self) -> int:
         return 60
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32, torch.bfloat16, torch.float16]
+
+
+class Int8PerChannelConfig(QuantizationConfig):
+    """Weight-only int8 computed at load from a float checkpoint (minivllm-specific).
+
+    Every linear layer of the decoder and the LM head gets ``int8 [out, in]``
+    weights with one scale per output channel (symmetric: ``max|w| / 127`` of the
+    row); the embedding table stays float.  CPU only (torch's int8 CPU kernels).
+    """
+
+    def get_name(self) -> str:
+        return "int8_per_channel"
+
+    def get_min_capability(self) -> int:
+        return 0  # never checked: refused on CUDA
 
     def get_supported_act_dtypes(self) -> list[torch.dtype]:
         return [torch.float32, torch.bfloat16, torch.float16]
@@ -68,7 +97,10 @@ def get_quant_config(
     method = model_config.quantization
     if method == "gguf":
         return GGUFConfig()
+    if method == "int8_per_channel":
+        return Int8PerChannelConfig()
     raise ValueError(
         f"quantization method {method!r} is not supported by minivllm (only "
-        f"{list(SUPPORTED_QUANTIZATION_METHODS)}, for GGUF files: --quantization gguf)"
+        f"{list(SUPPORTED_QUANTIZATION_METHODS)}: 'gguf' for GGUF files, "
+        "'int8_per_channel' for unquantized HF checkpoints)"
     )

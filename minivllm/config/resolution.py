@@ -72,6 +72,8 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
             "quantization='gguf' (low-bit weights) is not supported by minivllm yet with "
             "tensor or pipeline parallelism; drop --quantization to dequantize the file."
         )
+    if mc is not None and mc.quantization == "int8_per_channel":
+        _check_int8_per_channel(cfg)
     if cfg.speculative_config is not None and pc.world_size > 1:
         # The verification path keeps sampled tokens on the output rank only.
         raise ValueError(
@@ -152,6 +154,24 @@ def _check_supported(cfg: VllmConfig) -> None:
         check = getattr(getattr(cfg, f.name), "check_supported", None)
         if callable(check):
             check()
+
+
+def _check_int8_per_channel(cfg: VllmConfig) -> None:
+    """int8_per_channel runs on torch's CPU int8 kernels, in one process."""
+    device = cfg.device_config.device_type
+    if device != "cpu":
+        raise ValueError(
+            f"quantization='int8_per_channel' runs on CPU only (its int8 kernels are "
+            f"torch's CPU ones), not on {device!r}; drop --quantization or use --device cpu."
+        )
+    pc = cfg.parallel_config
+    if pc.world_size > 1:
+        raise ValueError(
+            "quantization='int8_per_channel' is not supported by minivllm yet with tensor "
+            f"or pipeline parallelism (tensor_parallel_size={pc.tensor_parallel_size}, "
+            f"pipeline_parallel_size={pc.pipeline_parallel_size}); drop --quantization or "
+            "run on one process."
+        )
 
 
 def _step(prov: Provenance, source: Source, rule: str, why: str) -> AbstractContextManager[None]:

@@ -89,7 +89,7 @@ class ModelRunner:
                 self.dtype,
                 load_format=load_format,
                 device=self.device,
-                keep_quantized=mc.quantization == "gguf",
+                quantization=mc.quantization,
             )
         # Warn about custom_ops entries that named no op of this model.
         self.vllm_config.compilation_config.custom_op_log_check(op_registry)

@@ -192,11 +192,24 @@ def test_quantization_rules(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="GGUF"):
         ModelConfig(quantization="awq")
     path = hf_dir(tmp_path)
-    with pytest.raises(ValueError, match="only GGUF files may be quantized"):
+    with pytest.raises(ValueError, match="'gguf' is for GGUF files"):
         ModelConfig(model=path, quantization="gguf")
     quantized = hf_dir(tmp_path, name="q", quantization_config={"quant_method": "gptq", "bits": 4})
     with pytest.raises(ValueError, match="gptq"):
         ModelConfig(model=quantized)
+
+
+def test_int8_per_channel_is_for_unquantized_hf_checkpoints(tmp_path: Path) -> None:
+    assert ModelConfig(model=hf_dir(tmp_path), quantization="int8_per_channel").quantization == (
+        "int8_per_channel"
+    )
+    with pytest.raises(ValueError, match="int8_per_channel is for unquantized HF checkpoints"):
+        ModelConfig(quantization="int8_per_channel")  # the default GGUF
+    quantized = hf_dir(tmp_path, name="q", quantization_config={"quant_method": "awq", "bits": 4})
+    with pytest.raises(ValueError, match="'awq'.*use an unquantized checkpoint"):
+        ModelConfig(model=quantized, quantization="int8_per_channel")
+    with pytest.raises(ValueError, match="use 'int8_per_channel'"):
+        ModelConfig(model=hf_dir(tmp_path, name="f"), quantization="fp8_per_tensor")
 
 
 def test_hf_overrides_and_served_model_name(tmp_path: Path) -> None:

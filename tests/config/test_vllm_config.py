@@ -16,6 +16,7 @@ import pytest
 from minivllm.config import vllm_rules as rules
 from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode
 from minivllm.config.model import ModelConfig
+from minivllm.config.optimization import enable_attn_quant_fusion
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.vllm import OptimizationLevel, VllmConfig
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
@@ -206,6 +207,24 @@ def test_gguf_quant_config(model) -> None:
     assert build(ModelConfig(quantization="gguf")).quant_config.get_name() == "gguf"
     assert build(model).quant_config is None  # dequantized: no quantization method
     assert build(None).quant_config is None
+
+
+def test_int8_per_channel_quant_config(tmp_path: Path) -> None:
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128)  # fmt: skip
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.save_pretrained(tmp_path)
+    int8 = ModelConfig(model=str(tmp_path), quantization="int8_per_channel")
+    built = build(int8, CPU)
+    assert built.quant_config.get_name() == "int8_per_channel"
+    assert not enable_attn_quant_fusion(built)  # weight-only: nothing to fuse
+    with pytest.raises(ValueError, match="CPU only.*--device cpu"):
+        build(int8, SM90)
+    for parallel in ({"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}):
+        with pytest.raises(ValueError, match="int8_per_channel.*run on one process"):
+            build(int8, CPU, parallel_config=parallel)
 
 
 def test_debug_dump_path_is_absolute_and_rank_aware(model) -> None:

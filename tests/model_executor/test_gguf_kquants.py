@@ -125,7 +125,7 @@ def test_refined_top_logits_are_exact_per_type(weights: list[GGUFWeight]) -> Non
         approx = ql.lowbit_linear(x, qweight, scales, None, kind).float()
         exact = x @ ref.T
         got = approx.clone()
-        ql.refine_top_logits(x, got, w.data, int(w.qtype))
+        ql.refine_top_logits(x, got, w.data, int(w.qtype), None)
         top = approx.topk(ql.REFINE_TOP, dim=-1).indices  # the ones recomputed
         torch.testing.assert_close(got.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)
         rest = torch.ones_like(got, dtype=torch.bool).scatter(1, top, False)
@@ -157,7 +157,7 @@ def test_int8_head_kernels_agree_on_refined_top_logits(weights: list[GGUFWeight]
     assert many.dtype == few.dtype == torch.float32
     torch.testing.assert_close(many, exact, rtol=0, atol=0.05 * exact.abs().max().item())
     for logits in (many, few):
-        ql.refine_top_logits(x, logits, w.data, int(w.qtype))
+        ql.refine_top_logits(x, logits, w.data, int(w.qtype), None)
         assert torch.equal(logits.argmax(-1), exact.argmax(-1))
     top = exact.topk(4, dim=-1).indices
     torch.testing.assert_close(many.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)

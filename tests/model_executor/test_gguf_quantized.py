@@ -41,7 +41,7 @@ def test_default_model_quantized_matches_float32(tmp_path: Path, monkeypatch) ->
     hf_config = get_hf_config(str(DEFAULT_GGUF))
     ref_model = load_model(DEFAULT_GGUF, hf_config, torch.float32, use_cache=False)
     dtype = torch.float32  # the default: float32 model, bfloat16 inside the low-bit kernels
-    q_model = load_model(DEFAULT_GGUF, hf_config, dtype, keep_quantized=True)
+    q_model = load_model(DEFAULT_GGUF, hf_config, dtype, quantization="gguf")
     kinds = Counter(getattr(m, "quant_kind", 0) for m in q_model.modules())
     assert kinds[ql.INT4] == 30 * 4 and kinds[ql.INT8] == 1, kinds  # qkv, o, gate_up, down; head
     assert q_model.model.embed_tokens.qtable is not None

@@ -6,7 +6,8 @@ already load their checkpoint pieces through shard-aware weight loaders.
 
 A layer handed quantized GGUF blocks (`GGUFWeight`) keeps them until
 `process_weights_after_loading`, which stores the weight in a low-bit form
-(`quantized_linear`) and drops the float parameter.
+(`quantized_linear`) and drops the float parameter; `quantize_int8` does the same
+for a float weight (``quantization="int8_per_channel"``).
 """
 
 from __future__ import annotations
@@ -98,6 +99,13 @@ class LinearBase(nn.Module):
                 self.weight_loader(self.weight, full, sid)
             return
         self.quant_kind, self.qweight, self.qscales = quantize_parts(list(pieces))
+        self.weight = None  # type: ignore[assignment]
+
+    def quantize_int8(self) -> None:
+        """Replace the float weight by int8 codes with one scale per output row."""
+        if self.quant_kind or self.weight is None:
+            return
+        self.quant_kind, self.qweight, self.qscales = quantize_parts([self.weight.detach()])
         self.weight = None  # type: ignore[assignment]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

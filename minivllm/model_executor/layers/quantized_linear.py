@@ -13,10 +13,11 @@ than a bfloat16 GEMM and run ~2x faster; at 32 tokens they are 3-4x slower):
 
 Both kernels' cost grows linearly with rows (they do not use AMX), so a large
 batch (prefill chunks) expands the weight to bfloat16 for that call and runs a
-dense GEMM instead; nothing expanded is kept.  An int8 weight is cheap to
-expand (above `LOWBIT_MAX_TOKENS` rows); an int4 one costs ~2-10 ms (torch ops),
-which the dense GEMM repays from ~200-300 rows on the default model's shapes
-(`INT4_MAX_TOKENS`; ``python benchmarks/lowbit_gemm.py``).  The expanded weight
+dense GEMM instead; nothing expanded is kept.  An int8 weight at 16-64 rows runs
+int8 x int8 instead (`int8_act_mm`, activations quantized as two int8 terms).
+An int8 weight is cheap to expand (above `LOWBIT_MAX_TOKENS` rows); an int4 one
+costs ~2-10 ms (torch ops), which the dense GEMM repays from ~200-300 rows on the
+default model's shapes (`INT4_MAX_TOKENS`; ``python benchmarks/lowbit_gemm.py``).  The expanded weight
 is rounded to bfloat16, so prefill chunks past that size compute on slightly
 different values than the decode kernels (which take the file's int4 values
 exactly); the accuracy test's figures are for the decode kernels.
@@ -81,9 +82,11 @@ def quantize_parts(
         scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
         return INT4, packed, scale_zero.to(dtype)
     w = torch.cat([p.dequantize() if isinstance(p, GGUFWeight) else p.float() for p in parts])
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-    w8 = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return INT8, w8, scale.to(dtype)
+    # Codes for the scale as stored (rounded to ``dtype``), so code * scale is the
+    # nearest value the kernel can compute, not off by the scale's rounding.
+    scale = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(dtype)
+    w8 = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return INT8, w8, scale
 
 
 def dequantize_weight(kind: int, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -101,6 +104,33 @@ def dequantize_weight(kind: int, qweight: torch.Tensor, scales: torch.Tensor) ->
     return w.permute(0, 3, 1, 2).reshape(rows, cols)
 
 
+INT8_INT_MM_TOKENS = (16, LOWBIT_MAX_TOKENS)
+"""Row counts at which an int8 linear runs on `int8_act_mm` (``torch._int_mm``)
+instead of the weight-only kernel, whose cost grows with every row: measured on
+the default model's shapes (2-core Sapphire Rapids, best of 25), at 32 rows the
+weight-only kernel takes ~2x the float32 GEMM and `int8_act_mm` ~1x; from 8 to
+16 rows they cross; past 64 rows the expanded bfloat16 GEMM wins."""
+
+
+def int8_act_mm(flat: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Float32 ``flat @ W.T`` for int8 ``qweight`` with per-row ``scales``, computed
+    int8 x int8 (``torch._int_mm``: oneDNN, AMX/VNNI) on activations quantized per
+    row as two int8 terms (the row, then what its rounding left): activation error
+    ~1/127 of one int8 quantization (below a bfloat16 cast's), for one call with
+    twice the rows."""
+    flat = flat.float()
+    rows = flat.shape[0]
+    hi_scale = flat.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+    hi = torch.round(flat / hi_scale)
+    rest = flat - hi * hi_scale
+    lo_scale = rest.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / 127.0
+    lo = torch.round(rest / lo_scale)
+    xq = torch.cat([hi, lo]).to(torch.int8)
+    both = torch._int_mm(xq, qweight.t()).float()
+    out = both[:rows].mul_(hi_scale).add_(both[rows:].mul_(lo_scale))
+    return out.mul_(scales.float())
+
+
 def lowbit_linear_impl(
     x: torch.Tensor,
     qweight: torch.Tensor,
@@ -110,16 +140,19 @@ def lowbit_linear_impl(
 ) -> torch.Tensor:
     """``x @ W.T + bias`` for a weight quantized by `quantize_parts`."""
     flat = x.reshape(-1, x.shape[-1])
-    if flat.dtype != scales.dtype:
-        flat = flat.to(scales.dtype)
-    if flat.shape[0] > (LOWBIT_MAX_TOKENS if kind == INT8 else INT4_MAX_TOKENS):
-        out = F.linear(flat, dequantize_weight(kind, qweight, scales))
+    rows = flat.shape[0]
+    low, high = INT8_INT_MM_TOKENS
+    if kind == INT8 and low <= rows <= high:
+        out = int8_act_mm(flat, qweight, scales)
     else:
-        flat = flat.contiguous()
-        if kind == INT4:
-            out = torch._weight_int4pack_mm_for_cpu(flat, qweight, GROUP, scales)
+        if flat.dtype != scales.dtype:
+            flat = flat.to(scales.dtype)
+        if rows > (LOWBIT_MAX_TOKENS if kind == INT8 else INT4_MAX_TOKENS):
+            out = F.linear(flat, dequantize_weight(kind, qweight, scales))
+        elif kind == INT4:
+            out = torch._weight_int4pack_mm_for_cpu(flat.contiguous(), qweight, GROUP, scales)
         else:
-            out = torch._weight_int8pack_mm(flat, qweight, scales)
+            out = torch._weight_int8pack_mm(flat.contiguous(), qweight, scales)
     out = out.to(x.dtype)
     if bias is not None:
         out = out + bias
@@ -203,19 +236,7 @@ def lowbit_logits_impl(
     flat = x.reshape(-1, x.shape[-1])
     if kind != INT8 or flat.shape[0] < INT_MM_MIN_TOKENS:
         return lowbit_linear_impl(x, qweight, scales, None, kind).float()
-    flat = flat.float()
-    rows = flat.shape[0]
-    # Two int8 terms per row (the row, then what its rounding left): activation
-    # error ~1/127 of one int8 quantization, for one call with twice the rows.
-    hi_scale = flat.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
-    hi = torch.round(flat / hi_scale)
-    rest = flat - hi * hi_scale
-    lo_scale = rest.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / 127.0
-    lo = torch.round(rest / lo_scale)
-    xq = torch.cat([hi, lo]).to(torch.int8)
-    both = torch._int_mm(xq, qweight.t()).float()
-    out = both[:rows].mul_(hi_scale).add_(both[rows:].mul_(lo_scale))
-    out.mul_(scales.float())
+    out = int8_act_mm(flat, qweight, scales)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -250,11 +271,22 @@ def _top_indices(logits: torch.Tensor, k: int, chunk: int = 64) -> torch.Tensor:
     return best.gather(1, j // chunk) * chunk + j % chunk
 
 
+PLAIN_TABLE = -1
+"""``qtype`` of `refine_top_logits` for a table of plain rows: float, or int8 codes
+with one scale per row (not a GGUF type: those are 0 and up)."""
+
+
 def refine_top_logits_impl(
-    x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
+    x: torch.Tensor,
+    logits: torch.Tensor,
+    table: torch.Tensor,
+    qtype: int,
+    scales: torch.Tensor | None,
 ) -> None:
     """Recompute, in place, each row's `REFINE_TOP` largest ``logits`` in float32
-    from the file's exact values (raw GGUF rows ``table``); the rest stay as given.
+    from the exact weights ``table``; the rest stay as given.  ``table`` holds raw
+    GGUF rows of type ``qtype``, or (``qtype`` `PLAIN_TABLE`) float rows, or int8
+    rows whose per-row ``scales`` give the values.
 
     The low-bit LM head gives bfloat16 logits (and an int8 head re-quantizes the
     file's values), which alone cost ~4% top-1 agreement with the float32 model
@@ -263,19 +295,29 @@ def refine_top_logits_impl(
     smaller than the gap to the 16th candidate, so the top tokens, where
     sampling, greedy decoding and log-probabilities look, come out exact.
     """
-    from gguf import GGMLQuantizationType
-
     dim = x.shape[-1]
     flat = logits.view(-1, logits.shape[-1])
     k = min(REFINE_TOP, flat.shape[-1])
-    top = _top_indices(flat, k)
-    rows = dequantize_rows(table.index_select(0, top.reshape(-1)), GGMLQuantizationType(qtype), dim)
+    top = _top_indices(flat, k).reshape(-1)
+    picked = table.index_select(0, top)
+    if qtype == PLAIN_TABLE:
+        rows = picked.float()
+        if scales is not None:
+            rows = rows * scales.index_select(0, top).float()[:, None]
+    else:
+        from gguf import GGMLQuantizationType
+
+        rows = dequantize_rows(picked, GGMLQuantizationType(qtype), dim)
     exact = torch.bmm(rows.view(-1, k, dim), x.reshape(-1, dim, 1).float()).squeeze(-1)
-    flat.scatter_(1, top, exact)
+    flat.scatter_(1, top.view(-1, k), exact)
 
 
 def _refine_top_logits_fake(
-    x: torch.Tensor, logits: torch.Tensor, table: torch.Tensor, qtype: int
+    x: torch.Tensor,
+    logits: torch.Tensor,
+    table: torch.Tensor,
+    qtype: int,
+    scales: torch.Tensor | None,
 ) -> None:
     return None
 
@@ -296,6 +338,7 @@ __all__ = [
     "LOWBIT_MAX_TOKENS",
     "REFINE_TOP",
     "INT_MM_MIN_TOKENS",
+    "PLAIN_TABLE",
     "dequantize_weight",
     "lowbit_kernel",
     "lowbit_linear",

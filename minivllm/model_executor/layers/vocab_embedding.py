@@ -5,6 +5,10 @@ and expands only the rows it looks up (exactly the file's values), and the LM
 head computes on a low-bit copy (`quantized_linear`) and recomputes each row's
 top logits exactly from the blocks.  A tied pair shares one
 parameter, so the blocks ride on that parameter until both have taken them.
+With ``quantization="int8_per_channel"`` the head is quantized to int8 at load
+(`ParallelLMHead.quantize_int8`) and the embedding stays float; the top logits
+are recomputed from the float table when the two are tied, else from the int8
+codes in float32.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from torch import nn
 from minivllm.model_executor.layers import cpu_gemm
 from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_rows
 from minivllm.model_executor.layers.quantized_linear import (
+    PLAIN_TABLE,
     lowbit_logits,
     quantize_parts,
     refine_top_logits,
@@ -98,10 +103,15 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.quant_kind = 0
         self.register_buffer("qweight", None, persistent=False)
         self.register_buffer("qscales", None, persistent=False)
+        self.tied = False
+        """Whether the weight is the embedding's (`tie_weights`)."""
+        self.qtable_scaled = False
+        """Whether ``qtable`` holds int8 rows that ``qscales`` scale (an untied int8 head)."""
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
         """Use the embedding table as the output projection (``tie_word_embeddings``)."""
         self.weight = embed_tokens.weight
+        self.tied = True
 
     def process_weights_after_loading(self, dtype: torch.dtype) -> None:
         """Compute on a low-bit copy of kept GGUF blocks; drop the float parameter.
@@ -114,6 +124,19 @@ class ParallelLMHead(VocabParallelEmbedding):
             return
         self.quant_kind, self.qweight, self.qscales = quantize_parts([source])
         self.qtable, self.qtype = source.data, int(source.qtype)
+        self.weight = None  # type: ignore[assignment]
+
+    def quantize_int8(self) -> None:
+        """Compute on int8 codes with one scale per vocabulary row; drop the float
+        weight unless it is the (tied) embedding's, which then serves the exact
+        top logits (no extra memory: the lookup keeps it anyway)."""
+        if self.quant_kind or self.weight is None:
+            return
+        weight = self.weight.detach()
+        self.quant_kind, self.qweight, self.qscales = quantize_parts([weight])
+        self.qtype = PLAIN_TABLE
+        self.qtable = weight if self.tied else self.qweight
+        self.qtable_scaled = not self.tied
         self.weight = None  # type: ignore[assignment]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -133,7 +156,8 @@ class LogitsProcessor(nn.Module):
         if lm_head.quant_kind:
             q = (lm_head.qweight, lm_head.qscales)
             logits = lowbit_logits(hidden_states, *q, lm_head.quant_kind)
-            refine_top_logits(hidden_states, logits, lm_head.qtable, lm_head.qtype)
+            scales = lm_head.qscales if lm_head.qtable_scaled else None
+            refine_top_logits(hidden_states, logits, lm_head.qtable, lm_head.qtype, scales)
         elif lm_head.use_packed_gemm:
             logits = cpu_gemm.linear(hidden_states, lm_head.weight, None).float()
         else:

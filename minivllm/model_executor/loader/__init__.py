@@ -74,14 +74,15 @@ def load_model(
     load_format: str = "auto",
     device: torch.device | str = "cpu",
     use_cache: bool = True,
-    keep_quantized: bool = False,
+    quantization: str | None = None,
 ) -> nn.Module:
     """Construct the model for ``hf_config`` on ``device`` and load its weights.
 
     Call inside ``with set_current_vllm_config(cfg):`` so layers see the
     compilation/cache config.  ``load_format="dummy"`` skips the checkpoint.
-    ``keep_quantized``: GGUF matrices stay quantized (``quantization="gguf"``);
-    each layer's ``process_weights_after_loading`` then stores its low-bit form.
+    ``quantization`` (`ModelConfig.quantization`): "gguf" keeps GGUF matrices
+    quantized (each layer's ``process_weights_after_loading`` then stores its
+    low-bit form); "int8_per_channel" quantizes the loaded float weights to int8.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
@@ -105,10 +106,12 @@ def load_model(
             load_format,
             use_cache,
             lazy=tp.world_size > 1,
-            keep_quantized=keep_quantized,
+            keep_quantized=quantization == "gguf",
         )
         model.load_weights(weights)
         process_weights_after_loading(model, dtype)
+    if quantization == "int8_per_channel":
+        quantize_int8(model)
     return model.eval()
 
 
@@ -120,4 +123,21 @@ def process_weights_after_loading(model: nn.Module, dtype: torch.dtype) -> None:
             hook(dtype)
 
 
-__all__ = ["LOAD_FORMATS", "get_weights_iterator", "initialize_dummy_weights", "load_model"]
+def quantize_int8(model: nn.Module) -> int:
+    """Quantize every linear layer and the LM head of ``model`` to int8, one scale per
+    output channel (``quantization="int8_per_channel"``); returns how many."""
+    count = 0
+    for module in model.modules():
+        if callable(getattr(module, "quantize_int8", None)):
+            module.quantize_int8()
+            count += 1
+    return count
+
+
+__all__ = [
+    "LOAD_FORMATS",
+    "quantize_int8",
+    "get_weights_iterator",
+    "initialize_dummy_weights",
+    "load_model",
+]

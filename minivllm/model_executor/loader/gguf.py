@@ -142,8 +142,10 @@ def read_gguf_quantized(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any
         shape = tuple(int(d) for d in reversed(t.shape))
         w: Any
         if len(shape) == 2 and qtype not in FLOAT_TYPES:
-            raw = torch.from_numpy(np.array(t.data, copy=True).view(np.uint8))
-            w = GGUFWeight(raw.reshape(shape[0], -1), qtype, (shape[0], shape[1]))
+            # Shaped in numpy: a torch view here would reach the layers as a tensor
+            # with a ``_base``, which the AOT-saved Dynamo trace cannot pickle.
+            raw = np.array(t.data, copy=True).view(np.uint8).reshape(shape[0], -1)
+            w = GGUFWeight(torch.from_numpy(raw), qtype, (shape[0], shape[1]))
         else:
             w = gguf_dequant.dequantize(t.data, t.tensor_type, shape)
         if arch == "llama" and num_heads and (".q_proj." in hf_name or ".k_proj." in hf_name):

@@ -2,13 +2,13 @@
 
 A decode step (every request has one new token) is the step a CPU engine runs
 most, and at small batches its time goes to per-op overhead more than to work:
-the model's 30 layers each make several Python-level custom-op calls (KV write,
-attention, the low-bit GEMMs), each with its own gathers and copies.  The CPU
-decode graph (`minivllm.worker.decode_graph`) traces the whole forward once with
-attention inlined as the ops below, so Inductor compiles the KV write
-(an in-place ``index_put_`` into the cache), the gather of the context through
-the block table (indirect loads, nothing materialised) and the softmax into
-C++ loops between the GEMMs.
+each layer's KV write and attention are Python-level custom ops with their own
+gathers, copies and SDPA call.  The CPU decode graph
+(`minivllm.worker.decode_graph`) traces the forward with attention inlined as the
+ops below, so Inductor compiles the KV write (an in-place ``index_put_`` into the
+cache tensor), the gather of the context through the block table (indirect
+loads inside the score loop, nothing materialised) and the softmax into C++
+loops next to the layer's other ops.
 
 The step's block tables, context lengths and write slots reach the traced code
 through `DECODE_INPUTS`, a module-level holder the runner fills before each

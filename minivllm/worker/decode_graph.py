@@ -1,25 +1,29 @@
-"""`CpuDecodeGraph`: decode steps on CPU run as one compiled graph per batch shape.
+"""`CpuDecodeGraph`: on CPU, decode steps run as one compiled graph.
 
-What a CUDA graph is to a GPU decode step, this is to a CPU one: the compiled
-piecewise forward still leaves Python between the pieces -- each layer's KV
-write and attention are custom ops that gather the context and call SDPA, and
-every low-bit GEMM is a custom op too -- and at batch 1 that per-call overhead,
-not arithmetic or weight reading, is most of the step.  Here the whole forward
-of a decode step (every request has exactly one new token, at most
-`DECODE_GRAPH_MAX_SEQS` of them) is traced once with attention written in torch
-ops (`minivllm.attention.decode_graph`) and the low-bit GEMMs as their aten
-kernels, and Inductor compiles it into one graph: one Python call per step.
+What a CUDA graph is to a GPU decode step, this is to a CPU one.  The compiled
+piecewise forward (`minivllm.compilation.backend`) splits the model at every
+attention call, and each layer's KV write and attention then run as Python-level
+custom ops that gather the context and call SDPA: at batch 1 that per-call
+overhead, not arithmetic or weight reading, is most of the step.  Here the
+forward of a decode step (every request has exactly one new token, at most
+`DECODE_GRAPH_MAX_SEQS` of them) is traced once more, with attention written in
+torch ops (`minivllm.attention.decode_graph`: KV write in place, the gather
+through the block table fused into the score loop), and compiled by the same
+`VllmBackend`, split only at the end of each decoder layer
+(``minivllm::decode_layer_boundary``): the middle layers are one graph with other
+weights, so compiling costs about what the piecewise forward's does, where one
+whole-model graph took Inductor minutes.  The low-bit GEMMs stay the opaque
+``minivllm::lowbit_linear`` op (it picks its kernel by row count at run time).
 
-Two graphs are compiled when the KV cache is bound (start-up 3/4): one for a
-single request (the batch dimension fixed at 1, as Dynamo specialises it) and one
-for 2..`DECODE_GRAPH_MAX_SEQS` requests; both keep the context length (blocks per
-request) dynamic.  Like the piecewise forward they run without Dynamo's guards,
-so nothing re-traces at run time.  Steps that are not plain decode (prefill
-chunks, speculative tokens, more requests) keep the piecewise forward.
+One trace (a batch of 2 with 2 blocks per request, both marked dynamic) serves
+every batch size and context length, and runs without Dynamo's guards, like the
+piecewise forward.  It is traced and compiled when the KV cache is bound
+(start-up 3/4).  Steps that are not plain decode (prefill chunks, speculative
+tokens, more than `DECODE_GRAPH_MAX_SEQS` requests) keep the piecewise forward.
 
-Used in the ``VLLM_COMPILE`` mode on CPU, for models whose attention layers all
-use the CPU backend with a float KV cache; ``MINIVLLM_CPU_DECODE_GRAPH=0`` turns
-it off.
+Used in the ``VLLM_COMPILE`` mode on CPU when every attention layer uses the CPU
+backend, the KV cache is not fp8 and ``calculate_kv_scales`` is off;
+``MINIVLLM_CPU_DECODE_GRAPH=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 DECODE_GRAPH_MAX_SEQS = 64
-"""Most requests a decode graph step takes: the low-bit kernels it traces in are
-the faster choice up to about this many rows (`LOWBIT_MAX_TOKENS`)."""
+"""Most requests a decode-graph step takes; its attention computes every request
+over the longest context of the batch (masked), which suits small batches."""
 
 _MIN_BLOCKS = 2
 """Block-table width is padded to at least this: Dynamo fixes a dimension that

@@ -239,11 +239,12 @@ class ForwardRunner:
             return
         groups = 1 + max(getattr(layer, "kv_group", 0) for layer in self.attn_layers.values())
         logger.info(
-            "start-up 3/4: compiling the CPU decode graphs (batch 1 and 2-%d)", graph.max_seqs
+            "start-up 3/4: compiling the CPU decode graph (decode steps of 1-%d requests)",
+            graph.max_seqs,
         )
         seconds = graph.warm_up(groups)
         self.compilation_config.compilation_time += seconds
-        logger.info("CPU decode graphs compiled in %.2f s", seconds)
+        logger.info("CPU decode graph compiled in %.2f s", seconds)
 
     # -- FULL graphs --------------------------------------------------------------
     def _full_forward(self, size: int, uniform: bool) -> torch.Tensor:

@@ -16,11 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.attention.decode_graph import DECODE_INPUTS
 from minivllm.model_executor.layers import cpu_gemm
 from minivllm.model_executor.layers.gguf_blocks import GGUFWeight
 from minivllm.model_executor.layers.quantized_linear import (
-    lowbit_kernel,
     lowbit_linear,
     quantize_parts,
 )
@@ -109,9 +107,6 @@ class LinearBase(nn.Module):
         self.weight = None  # type: ignore[assignment]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant_kind and DECODE_INPUTS.tracing:
-            # The decode graph's rows are few: the kernel, traced as the aten op.
-            return lowbit_kernel(x, self.qweight, self.qscales, self.bias, self.quant_kind)
         if self.quant_kind:
             return lowbit_linear(x, self.qweight, self.qscales, self.bias, self.quant_kind)
         if self.use_packed_gemm:

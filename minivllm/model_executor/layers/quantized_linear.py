@@ -159,44 +159,6 @@ def lowbit_linear_impl(
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _lowbit_mm_impl(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
-) -> torch.Tensor:
-    if kind == INT4:
-        return torch._weight_int4pack_mm_for_cpu(x, qweight, GROUP, scales)
-    return torch._weight_int8pack_mm(x, qweight, scales)
-
-
-def _lowbit_mm_fake(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
-) -> torch.Tensor:
-    rows = scales.shape[1] if kind == INT4 else qweight.shape[0]
-    return x.new_empty(x.shape[0], rows)
-
-
-_lowbit_mm = register_op("lowbit_mm", _lowbit_mm_impl, _lowbit_mm_fake)
-"""``minivllm::lowbit_mm``: just the kernel call, for traces whose rows are known
-few.  Opaque, because Inductor's own lowering of the int4 kernel cannot be loaded
-back from its cache in torch 2.13 (a fake tensor is baked into the call)."""
-
-
-def lowbit_kernel(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    bias: torch.Tensor | None,
-    kind: int,
-) -> torch.Tensor:
-    """``x @ W.T + bias`` on the low-bit kernel whatever the row count (no branch on
-    the rows), for graphs whose batches are known small; the casts around it stay
-    in the graph for Inductor to fuse."""
-    flat = x.reshape(-1, x.shape[-1]).to(scales.dtype).contiguous()
-    out = _lowbit_mm(flat, qweight, scales, kind).to(x.dtype)
-    if bias is not None:
-        out = out + bias
-    return out.view(*x.shape[:-1], out.shape[-1])
-
-
 def _lowbit_linear_fake(
     x: torch.Tensor,
     qweight: torch.Tensor,
@@ -340,7 +302,6 @@ __all__ = [
     "INT_MM_MIN_TOKENS",
     "PLAIN_TABLE",
     "dequantize_weight",
-    "lowbit_kernel",
     "lowbit_linear",
     "lowbit_logits",
     "quantize_parts",

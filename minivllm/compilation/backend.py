@@ -120,7 +120,10 @@ class VllmBackend:
         cc = self.compilation_config
         cache = None
         if self.use_inductor and self.save_pieces and not _cache_disabled():
-            directory = local_cache_dir(self.vllm_config, self.prefix)
+            # Only the model forward's directory is the config's local_cache_dir.
+            directory = local_cache_dir(
+                self.vllm_config, self.prefix, record=self.splitting_ops is None
+            )
             cache = CompileCache(directory, cc.compile_cache_save_format)
             logger.info("compile cache: %s (%s)", directory, cc.compile_cache_save_format)
         return PieceCompiler(self.use_inductor, cc.inductor_compile_config, cache)

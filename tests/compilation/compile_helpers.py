@@ -18,8 +18,15 @@ def save_tiny_llama(path: Path, num_layers: int = NUM_LAYERS, seed: int = 0) -> 
     return path
 
 
-def make_llm(model: Path, **kwargs: Any) -> Any:
-    """An engine on ``model`` without a tokenizer (prompts are token ids)."""
+def make_llm(model: Path, decode_graph: bool = False, **kwargs: Any) -> Any:
+    """An engine on ``model`` without a tokenizer (prompts are token ids).
+
+    The CPU decode graph (a second trace and compile at start-up, with its own
+    counter increments) is off unless ``decode_graph``: these tests count what the
+    model forward's compilation does; tests/compilation/test_decode_graph.py tests
+    the graph."""
+    import os
+
     from minivllm import LLM
 
     opts: dict[str, Any] = dict(
@@ -30,7 +37,15 @@ def make_llm(model: Path, **kwargs: Any) -> Any:
         max_model_len=256,
     )
     opts.update(kwargs)
-    return LLM(model=str(model), **opts)
+    saved = os.environ.get("MINIVLLM_CPU_DECODE_GRAPH")
+    os.environ["MINIVLLM_CPU_DECODE_GRAPH"] = "1" if decode_graph else "0"
+    try:
+        return LLM(model=str(model), **opts)
+    finally:
+        if saved is None:
+            del os.environ["MINIVLLM_CPU_DECODE_GRAPH"]
+        else:
+            os.environ["MINIVLLM_CPU_DECODE_GRAPH"] = saved
 
 
 def greedy_tokens(llm: Any, prompts: list[list[int]] = PROMPTS, n: int = 12) -> list[list[int]]:

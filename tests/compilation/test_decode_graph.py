@@ -48,7 +48,7 @@ def assert_same(graph: list[Any], piecewise: list[Any]) -> None:
 
 @pytest.fixture(scope="module")
 def llama(tiny_llama: Path) -> Any:
-    return make_llm(tiny_llama, optimization_level=2, block_size=8)
+    return make_llm(tiny_llama, decode_graph=True, optimization_level=2, block_size=8)
 
 
 def test_decode_steps_run_in_the_graph_and_match_piecewise(llama: Any) -> None:
@@ -102,7 +102,9 @@ def test_sliding_window_model_matches_piecewise(tmp_path: Path) -> None:
         sliding_window=6,
         layer_types=["sliding_attention", "full_attention"],
     )
-    llm = make_llm(tmp_path, optimization_level=2, block_size=8, max_model_len=128)
+    llm = make_llm(
+        tmp_path, decode_graph=True, optimization_level=2, block_size=8, max_model_len=128
+    )
     graph = decode_graph(llm)
     assert graph is not None and graph.num_groups == 2
     steps = graph.num_steps
@@ -111,7 +113,7 @@ def test_sliding_window_model_matches_piecewise(tmp_path: Path) -> None:
 
 
 def test_off_switch_and_eager_mode(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    eager = make_llm(tiny_llama, optimization_level=0)
+    eager = make_llm(tiny_llama, decode_graph=True, optimization_level=0)
     assert decode_graph(eager) is None
     monkeypatch.setenv("MINIVLLM_CPU_DECODE_GRAPH", "0")
     from minivllm.engine.arg_utils import EngineArgs

@@ -21,8 +21,9 @@ piecewise forward.  It is traced and compiled when the KV cache is bound
 (start-up 3/4).  Steps that are not plain decode (prefill chunks, speculative
 tokens, more than `DECODE_GRAPH_MAX_SEQS` requests) keep the piecewise forward.
 
-Used in the ``VLLM_COMPILE`` mode on CPU when every attention layer uses the CPU
-backend, the KV cache is not fp8 and ``calculate_kv_scales`` is off;
+Used in the ``VLLM_COMPILE`` mode on CPU without tensor or pipeline parallelism,
+when every attention layer uses the CPU backend, the KV cache is not fp8 and
+``calculate_kv_scales`` is off;
 ``MINIVLLM_CPU_DECODE_GRAPH=0`` turns it off.
 """
 
@@ -64,6 +65,9 @@ def decode_graph_wanted(vllm_config: VllmConfig, attn_layers: dict[str, Any]) ->
         return "not on CPU"
     if vllm_config.compilation_config.mode != CompilationMode.VLLM_COMPILE:
         return "compilation mode is not VLLM_COMPILE"
+    pc = vllm_config.parallel_config
+    if pc.tensor_parallel_size > 1 or pc.pipeline_parallel_size > 1:
+        return "tensor/pipeline parallelism (the graph is traced for one process)"
     if not attn_layers:
         return "no attention layers"
     for layer in attn_layers.values():

@@ -121,3 +121,15 @@ def test_off_switch_and_eager_mode(tiny_llama: Path, monkeypatch: pytest.MonkeyP
 
     cfg = EngineArgs(model=str(tiny_llama), skip_tokenizer_init=True).create_engine_config()
     assert decode_graph_wanted(cfg, {"x": object()}) == "MINIVLLM_CPU_DECODE_GRAPH=0"
+
+
+def test_not_with_parallelism(tiny_llama: Path) -> None:
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.worker.decode_graph import decode_graph_wanted
+
+    layers = {"x": object()}
+    for kwargs in (dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)):
+        cfg = EngineArgs(
+            model=str(tiny_llama), skip_tokenizer_init=True, **kwargs
+        ).create_engine_config()
+        assert decode_graph_wanted(cfg, layers).startswith("tensor/pipeline")

@@ -163,6 +163,10 @@ class ModelConfig:
     """Set once `VllmConfig` ran the per-architecture config hooks."""
     model_weights: str = _no_explain("")
     """Where the weights are read from (the local model path)."""
+    quantization_is_default: bool = _no_explain(False)
+    """True when ``quantization`` is "gguf" because the user left it unset (a
+    quantized GGUF file): rules that cannot run low-bit fall back to dequantizing
+    instead of refusing (see `dequantize_default_gguf`)."""
 
     def __post_init__(self) -> None:
         self._check_unsupported_options()
@@ -224,6 +228,25 @@ class ModelConfig:
                 + ". Remove them."
             )
 
+    def dequantize_default_gguf(self, why: str) -> bool:
+        """Drop the default "gguf" (dequantize at load) when ``why`` rules it out.
+
+        Returns False, changing nothing, when the user asked for "gguf" (the caller
+        then refuses with its own error) or quantization is not "gguf".
+        """
+        if self.quantization != "gguf" or not self.quantization_is_default:
+            return False
+        logger.info(
+            "Dequantizing the GGUF weights of %s to %s at load: %s (the low-bit "
+            "'gguf' path does not run there).",
+            self.model,
+            str(self.dtype).removeprefix("torch."),
+            why,
+        )
+        self.quantization = None
+        self.quantization_is_default = False
+        return True
+
     def check_supported(self) -> None:
         """Re-check the options minivllm cannot honour (they may be set after init)."""
         self._check_unsupported_options()
@@ -262,8 +285,19 @@ class ModelConfig:
                     f"quantization={self.quantization!r} does not apply to a GGUF file; "
                     "use 'gguf' (compute on the quantized weights) or 'none' (dequantize)"
                 )
-            # Unset: dequantize to float at load (opt-in until the batched low-bit path
-            # is as fast as the float one; see README "GGUF quantized compute").
+            from minivllm.platforms import current_platform
+
+            if not current_platform.is_cpu():
+                if self.quantization == "gguf":
+                    raise ValueError(
+                        "quantization='gguf' (low-bit kernels) runs on CPU only in minivllm; "
+                        "use --quantization none to dequantize the file on this device."
+                    )
+                return  # unset: dequantized on GPUs
+            if self.quantization is None and hf_utils.gguf_is_quantized(self.model):
+                # As vLLM: a quantized GGUF file stays quantized unless asked otherwise.
+                self.quantization = "gguf"
+                self.quantization_is_default = True
             return
         method = None
         if self.quantization_config is not None:
@@ -546,6 +580,7 @@ class ModelConfig:
             "is_submodel_config",
             "config_updated",
             "model_weights",
+            "quantization_is_default",
             "enable_sleep_mode",
             "sleep_mode_backend",
             "sleep_mode_offload_cudagraph",

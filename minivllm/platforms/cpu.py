@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,29 @@ def usable_cpu_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1  # pragma: no cover - not Linux
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AMX-BF16 or AVX512-BF16).
+
+    Elsewhere (AVX2-only or plain AVX-512 CPUs) PyTorch's bfloat16 kernels convert
+    to float32 and back around every op, which is slower than float32 itself.
+    torch's own check (via cpuinfo, which also asks whether the OS enabled the
+    registers) comes first; /proc/cpuinfo's flags are the fallback.
+    """
+    import torch
+
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    found = [getattr(torch.cpu, name, None) for name in checks]
+    if all(callable(fn) for fn in found):
+        return any(fn() for fn in found)  # type: ignore[misc]
+    try:  # pragma: no cover - torch versions without the checks
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:  # pragma: no cover - not Linux
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags  # pragma: no cover
 
 
 class CpuPlatform(Platform):

@@ -249,6 +249,15 @@ def read_gguf_metadata(
     return read_gguf_header(path, full_arrays=full_arrays, max_array_len=max_array_len).metadata
 
 
+def gguf_is_quantized(path: str | Path) -> bool:
+    """Whether a GGUF file holds quantized matrices (any 2-D tensor of a type other
+    than F32/F16/BF16/F64); a float-only GGUF file is not quantized."""
+    header = read_gguf_header(path)
+    return any(
+        len(t.shape) >= 2 and t.ggml_type not in _FLOAT_TENSOR_DTYPES for t in header.tensors
+    )
+
+
 def gguf_checkpoint_dtype(header: GGUFHeader) -> str:
     """The dtype a GGUF checkpoint computes in.
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from model_helpers import TINY_CONFIG
+from model_helpers import TINY_CONFIG, write_gguf
 from transformers import GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
 from minivllm.config.model import SUPPORTED_ARCHITECTURES, ModelConfig
@@ -45,7 +46,7 @@ def test_default_model_is_smollm2_gguf(default_model: ModelConfig) -> None:
     assert m.vocab_size == 49152 and m.get_vocab_size() == 49152
     assert m.tie_word_embeddings is True
     assert m.hf_config.tie_word_embeddings is True
-    assert m.quantization is None  # dequantized unless "gguf" is asked for
+    assert m.quantization == "gguf"  # a quantized GGUF runs low-bit unless "none" is asked
     assert m.max_model_len == 8192
     assert m.served_model_name == "SmolLM2-135M-Instruct"
     assert m.tokenizer == m.model
@@ -178,14 +179,26 @@ def test_unsupported_model_options(kwargs: dict) -> None:
         ModelConfig(**kwargs)
 
 
-def test_gguf_quantization_is_opt_in() -> None:
-    # Unset or "none": the quantized GGUF is dequantized at load; "gguf" keeps it low-bit.
-    assert ModelConfig().quantization is None
-    assert ModelConfig(quantization="none").quantization is None
-    assert ModelConfig(quantization="gguf").quantization == "gguf"
-    assert ModelConfig(dtype="bfloat16", quantization="gguf").quantization == "gguf"
+def test_gguf_quantization_default(tmp_path: Path) -> None:
+    # Unset: a quantized GGUF stays low-bit ("gguf", as vLLM); "none" dequantizes at load.
+    with override_platform(CpuPlatform()):
+        default = ModelConfig()
+        assert default.quantization == "gguf" and default.quantization_is_default
+        assert ModelConfig(quantization="none").quantization is None
+        explicit = ModelConfig(quantization="gguf")
+        assert explicit.quantization == "gguf" and not explicit.quantization_is_default
+        assert ModelConfig(dtype="bfloat16", quantization="gguf").quantization == "gguf"
+        # A GGUF of float tensors only has nothing to keep low-bit.
+        floats = str(write_gguf(tmp_path / "f16.gguf", "llama", dtype=np.float16))
+        assert ModelConfig(model=floats).quantization is None
+        assert ModelConfig(model=floats, quantization="gguf").quantization == "gguf"
     with pytest.raises(ValueError, match="'none'"):
         ModelConfig(quantization="awq")
+    # The low-bit kernels are CPU kernels: a GPU dequantizes unless "gguf" is asked for.
+    with override_platform(CudaPlatform(device_capability=(9, 0))):
+        assert ModelConfig().quantization is None
+        with pytest.raises(ValueError, match="CPU only"):
+            ModelConfig(quantization="gguf")
 
 
 def test_quantization_rules(tmp_path: Path) -> None:

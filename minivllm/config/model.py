@@ -187,8 +187,9 @@ class ModelConfig:
         self.hf_text_config = hf_config.get_text_config()
         self._resolve_architecture()
         self.model_arch_config = self.get_model_arch_config()
-        self._resolve_quantization()
-        self.dtype = self._resolve_dtype()
+        quantized_file = self.is_gguf and hf_utils.gguf_is_quantized(self.model)
+        self._resolve_quantization(quantized_file)
+        self.dtype = self._resolve_dtype(quantized_file)
         self.max_model_len = self._resolve_max_model_len()
 
     # -- validation ---------------------------------------------------------
@@ -275,7 +276,7 @@ class ModelConfig:
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}."
             )
 
-    def _resolve_quantization(self) -> None:
+    def _resolve_quantization(self, quantized_file: bool) -> None:
         if self.quantization == "none":
             self.quantization = None
             return
@@ -294,7 +295,7 @@ class ModelConfig:
                         "use --quantization none to dequantize the file on this device."
                     )
                 return  # unset: dequantized on GPUs
-            if self.quantization is None and hf_utils.gguf_is_quantized(self.model):
+            if self.quantization is None and quantized_file:
                 # As vLLM: a quantized GGUF file stays quantized unless asked otherwise.
                 self.quantization = "gguf"
                 self.quantization_is_default = True
@@ -309,9 +310,9 @@ class ModelConfig:
                 "GGUF file."
             )
 
-    def _resolve_dtype(self) -> torch.dtype:
+    def _resolve_dtype(self, quantized_file: bool) -> torch.dtype:
         checkpoint = checkpoint_dtype(self.hf_config, self.hf_text_config)
-        return resolve_dtype(self.dtype, checkpoint)
+        return resolve_dtype(self.dtype, checkpoint, quantized=quantized_file)
 
     def _resolve_max_model_len(self) -> int:
         derived = self.model_arch_config.derived_max_model_len

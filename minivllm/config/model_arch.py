@@ -63,11 +63,16 @@ def checkpoint_dtype(hf_config: Any, hf_text_config: Any) -> torch.dtype:
     return torch.float32
 
 
-def resolve_dtype(requested: str | torch.dtype, checkpoint: torch.dtype) -> torch.dtype:
-    """The compute dtype for ``requested`` given the checkpoint dtype.
+def resolve_dtype(
+    requested: str | torch.dtype, checkpoint: torch.dtype, *, quantized: bool = False
+) -> torch.dtype:
+    """The compute dtype for ``requested`` given the checkpoint dtype; ``quantized``:
+    the checkpoint is a quantized GGUF file (no float dtype of its own, ``checkpoint``
+    is float32, the dtype its blocks dequantize to exactly).
 
     See the module docstring of `minivllm.config.model` for the rules.
     """
+    from minivllm.platforms import cpu as cpu_platform
     from minivllm.platforms import current_platform
 
     if isinstance(requested, str) and requested != "auto":
@@ -87,15 +92,23 @@ def resolve_dtype(requested: str | torch.dtype, checkpoint: torch.dtype) -> torc
     if isinstance(requested, torch.dtype):
         return requested
     if current_platform.is_cpu():
-        if checkpoint in _HALF_DTYPES:
+        if checkpoint not in _HALF_DTYPES and not quantized:
+            return checkpoint
+        name = "quantized GGUF" if quantized else str(checkpoint).removeprefix("torch.")
+        if cpu_platform.cpu_has_native_bf16():
             logger.info(
-                "Running the %s checkpoint in float32 on CPU (half types are slow and "
-                "less accurate on CPU); pass dtype=%s to override.",
-                checkpoint,
-                str(checkpoint).removeprefix("torch."),
+                "Running the %s checkpoint in bfloat16 (this CPU computes bfloat16 "
+                "natively: AMX or AVX512-BF16); pass dtype=float32 to override.",
+                name,
             )
-            return torch.float32
-        return checkpoint
+            return torch.bfloat16
+        logger.info(
+            "Running the %s checkpoint in float32 (this CPU has no native bfloat16 "
+            "compute, so half types are emulated and slow); pass dtype=%s to override.",
+            name,
+            "bfloat16" if quantized else str(checkpoint).removeprefix("torch."),
+        )
+        return torch.float32
     bf16_ok = current_platform.get_device_capability() is None or (
         current_platform.has_device_capability(80)
     )

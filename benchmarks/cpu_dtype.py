@@ -84,7 +84,9 @@ def main() -> None:
                     speeds.setdefault((*key, batch), []).append(tok_s)
             print(f"round {r + 1}/{args.rounds} done", flush=True)
 
-    print(f"\n{'model':<12}{'batch':>6}{'float32 tok/s':>15}{'bfloat16 tok/s':>16}{'bf16/fp32':>11}")
+    print(
+        f"\n{'model':<12}{'batch':>6}{'float32 tok/s':>15}{'bfloat16 tok/s':>16}{'bf16/fp32':>11}"
+    )
     for model in args.models:
         for batch in args.batch_sizes:
             f32, b16 = speeds[model, "float32", batch], speeds[model, "bfloat16", batch]

@@ -31,9 +31,7 @@ SMOLLM2_135M: dict[str, Any] = dict(
 """SmolLM2-135M-Instruct's dimensions (its config.json)."""
 
 
-def write_checkpoint(
-    path: Path, seed: int = 0, dtype: str = "float32", **overrides: Any
-) -> Path:
+def write_checkpoint(path: Path, seed: int = 0, dtype: str = "float32", **overrides: Any) -> Path:
     """Save a random LlamaForCausalLM of `SMOLLM2_135M` (plus ``overrides``) to ``path``,
     its tensors (and config ``dtype``) in ``dtype``."""
     import torch

@@ -167,6 +167,9 @@ class ModelConfig:
     """True when ``quantization`` is "gguf" because the user left it unset (a
     quantized GGUF file): rules that cannot run low-bit fall back to dequantizing
     instead of refusing (see `dequantize_default_gguf`)."""
+    dtype_is_auto: bool = _no_explain(False)
+    """True when ``dtype`` was resolved from "auto" (re-resolved if the quantization
+    changes later)."""
 
     def __post_init__(self) -> None:
         self._check_unsupported_options()
@@ -238,14 +241,16 @@ class ModelConfig:
         if self.quantization != "gguf" or not self.quantization_is_default:
             return False
         logger.info(
-            "Dequantizing the GGUF weights of %s to %s at load: %s (the low-bit "
-            "'gguf' path does not run there).",
+            "Dequantizing the GGUF weights of %s at load: %s (the low-bit 'gguf' path "
+            "does not run there).",
             self.model,
-            str(self.dtype).removeprefix("torch."),
             why,
         )
         self.quantization = None
         self.quantization_is_default = False
+        if self.dtype_is_auto:  # "auto" depends on the quantization
+            self.dtype = "auto"
+            self.dtype = self._resolve_dtype(quantized_file=True)
         return True
 
     def check_supported(self) -> None:
@@ -312,7 +317,10 @@ class ModelConfig:
 
     def _resolve_dtype(self, quantized_file: bool) -> torch.dtype:
         checkpoint = checkpoint_dtype(self.hf_config, self.hf_text_config)
-        return resolve_dtype(self.dtype, checkpoint, quantized=quantized_file)
+        self.dtype_is_auto = self.dtype == "auto"
+        return resolve_dtype(
+            self.dtype, checkpoint, quantized=quantized_file, low_bit=self.quantization == "gguf"
+        )
 
     def _resolve_max_model_len(self) -> int:
         derived = self.model_arch_config.derived_max_model_len
@@ -582,6 +590,7 @@ class ModelConfig:
             "config_updated",
             "model_weights",
             "quantization_is_default",
+            "dtype_is_auto",
             "enable_sleep_mode",
             "sleep_mode_backend",
             "sleep_mode_offload_cudagraph",

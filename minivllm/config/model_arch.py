@@ -64,13 +64,18 @@ def checkpoint_dtype(hf_config: Any, hf_text_config: Any) -> torch.dtype:
 
 
 def resolve_dtype(
-    requested: str | torch.dtype, checkpoint: torch.dtype, *, quantized: bool = False
+    requested: str | torch.dtype,
+    checkpoint: torch.dtype,
+    *,
+    quantized: bool = False,
+    low_bit: bool = False,
 ) -> torch.dtype:
-    """The compute dtype for ``requested`` given the checkpoint dtype; ``quantized``:
-    the checkpoint is a quantized GGUF file (no float dtype of its own, ``checkpoint``
-    is float32, the dtype its blocks dequantize to exactly).
+    """The compute dtype for ``requested`` given the checkpoint dtype.
 
-    See the module docstring of `minivllm.config.model` for the rules.
+    ``quantized``: the checkpoint is a quantized GGUF file (``checkpoint`` is then
+    float32, the dtype its blocks dequantize to exactly); ``low_bit``: its matrices
+    stay quantized (``quantization="gguf"``).  See the module docstring of
+    `minivllm.config.model` for the rules.
     """
     from minivllm.platforms import cpu as cpu_platform
     from minivllm.platforms import current_platform
@@ -92,23 +97,7 @@ def resolve_dtype(
     if isinstance(requested, torch.dtype):
         return requested
     if current_platform.is_cpu():
-        if checkpoint not in _HALF_DTYPES and not quantized:
-            return checkpoint
-        name = "quantized GGUF" if quantized else str(checkpoint).removeprefix("torch.")
-        if cpu_platform.cpu_has_native_bf16():
-            logger.info(
-                "Running the %s checkpoint in bfloat16 (this CPU computes bfloat16 "
-                "natively: AMX or AVX512-BF16); pass dtype=float32 to override.",
-                name,
-            )
-            return torch.bfloat16
-        logger.info(
-            "Running the %s checkpoint in float32 (this CPU has no native bfloat16 "
-            "compute, so half types are emulated and slow); pass dtype=%s to override.",
-            name,
-            "bfloat16" if quantized else str(checkpoint).removeprefix("torch."),
-        )
-        return torch.float32
+        return _cpu_auto_dtype(checkpoint, quantized, low_bit, cpu_platform.cpu_has_native_bf16())
     bf16_ok = current_platform.get_device_capability() is None or (
         current_platform.has_device_capability(80)
     )
@@ -118,3 +107,37 @@ def resolve_dtype(
         logger.info("This GPU lacks bfloat16; running the bfloat16 checkpoint in float16.")
         return torch.float16
     return checkpoint
+
+
+def _cpu_auto_dtype(
+    checkpoint: torch.dtype, quantized: bool, low_bit: bool, native_bf16: bool
+) -> torch.dtype:
+    """``dtype="auto"`` on a CPU (figures: `minivllm.config.model`'s docstring)."""
+    if quantized:
+        # Low-bit GGUF: all-bfloat16 passes the accuracy bar and is faster batched;
+        # dequantized, bfloat16 costs more accuracy (the LM head) than it may.
+        if low_bit and native_bf16:
+            _log_auto("quantized GGUF (low-bit)", torch.bfloat16)
+            return torch.bfloat16
+        return torch.float32
+    if checkpoint == torch.bfloat16 and native_bf16:
+        _log_auto("bfloat16", torch.bfloat16)
+        return torch.bfloat16
+    if checkpoint in _HALF_DTYPES:
+        _log_auto(str(checkpoint).removeprefix("torch."), torch.float32)
+        return torch.float32
+    return checkpoint
+
+
+def _log_auto(what: str, dtype: torch.dtype) -> None:
+    why = (
+        "this CPU computes bfloat16 natively (AMX or AVX512-BF16)"
+        if dtype == torch.bfloat16
+        else "half types on this CPU are emulated (slow) or less accurate"
+    )
+    logger.info(
+        "dtype auto: running the %s checkpoint in %s on CPU (%s); pass --dtype to override.",
+        what,
+        str(dtype).removeprefix("torch."),
+        why,
+    )

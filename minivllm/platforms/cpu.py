@@ -30,16 +30,27 @@ def cpu_has_native_bf16() -> bool:
     """
     import torch
 
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    found = [getattr(torch.cpu, name, None) for name in checks]
-    if all(callable(fn) for fn in found):
-        return any(fn() for fn in found)  # type: ignore[misc]
-    try:  # pragma: no cover - torch versions without the checks
+    checks = [getattr(torch.cpu, name, None) for name in BF16_TORCH_CHECKS]
+    if all(callable(check) for check in checks):
+        return any(check() for check in checks)  # type: ignore[misc]
+    try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:  # pragma: no cover - not Linux
+            return cpuinfo_has_native_bf16(f.read())
+    except OSError:  # not Linux
         return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags  # pragma: no cover
+
+
+BF16_TORCH_CHECKS = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+"""The ``torch.cpu`` predicates `cpu_has_native_bf16` asks (AMX tiles come with AMX-BF16)."""
+
+
+def cpuinfo_has_native_bf16(cpuinfo: str) -> bool:
+    """Whether /proc/cpuinfo text lists ``amx_bf16`` or ``avx512_bf16``."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = line.split(":", 1)[-1].split()
+            return "amx_bf16" in flags or "avx512_bf16" in flags
+    return False
 
 
 class CpuPlatform(Platform):

@@ -13,7 +13,10 @@ from transformers import GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
 from minivllm.config.model import SUPPORTED_ARCHITECTURES, ModelConfig
 from minivllm.config.parallel import ParallelConfig
+from minivllm.config.vllm import VllmConfig
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
+from minivllm.platforms import cpu as cpu_platform
+from minivllm.platforms.cpu import cpu_has_native_bf16
 
 # Config files only (no weights): the tiny models' dimensions, a 1024-token context.
 SMALL = {**TINY_CONFIG, "max_position_embeddings": 1024}
@@ -50,8 +53,8 @@ def test_default_model_is_smollm2_gguf(default_model: ModelConfig) -> None:
     assert m.max_model_len == 8192
     assert m.served_model_name == "SmolLM2-135M-Instruct"
     assert m.tokenizer == m.model
-    # A quantized GGUF computes in float32 on CPU.
-    assert m.dtype == torch.float32
+    # dtype "auto" of a low-bit GGUF on CPU: bfloat16 where the CPU computes it natively.
+    assert m.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
 
 
 def test_model_kind_predicates(default_model: ModelConfig) -> None:
@@ -111,11 +114,38 @@ def test_hf_directories(tmp_path: Path, cls: type, arch: str) -> None:
     assert m.vocab_size == 128 and m.max_model_len == 1024
     assert m.quantization is None and not m.is_gguf
     assert m.served_model_name == path and m.tokenizer == path
-    # bfloat16 checkpoint: float32 on CPU, kept on an Ampere+ GPU.
-    assert m.dtype == torch.float32
+    # bfloat16 checkpoint: kept on a CPU with bf16 compute (else float32) and on an
+    # Ampere+ GPU.
+    assert m.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
     with override_platform(CudaPlatform(device_capability=(8, 0))):
         assert ModelConfig(model=path).dtype == torch.bfloat16
         assert ModelConfig(model=path, dtype="half").dtype == torch.float16
+
+
+@pytest.mark.parametrize("native_bf16", [True, False], ids=["amx-or-avx512bf16", "avx2"])
+def test_auto_dtype_on_cpu_follows_bf16_compute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_bf16: bool
+) -> None:
+    monkeypatch.setattr(cpu_platform, "cpu_has_native_bf16", lambda: native_bf16)
+    fast = torch.bfloat16 if native_bf16 else torch.float32
+    with override_platform(CpuPlatform()):
+        assert ModelConfig(model=hf_dir(tmp_path, dtype="bfloat16")).dtype == fast
+        # float16 and float32 checkpoints compute in float32 on any CPU.
+        f16, f32 = hf_dir(tmp_path, name="h", dtype="float16"), hf_dir(tmp_path, name="f")
+        assert ModelConfig(model=f16).dtype == torch.float32
+        assert ModelConfig(model=f32).dtype == torch.float32
+        # The quantized GGUF: bfloat16 when low-bit, float32 when dequantized.
+        assert ModelConfig().dtype == fast
+        assert ModelConfig(quantization="none").dtype == torch.float32
+        assert ModelConfig(dtype="float32").dtype == torch.float32  # explicit wins
+        # The default falls back to dequantized under PP, and its auto dtype follows.
+        pp2 = {"pipeline_parallel_size": 2, "distributed_executor_backend": "mp"}
+        cfg = VllmConfig(model_config=ModelConfig(), parallel_config=ParallelConfig(**pp2))
+        assert cfg.model_config.quantization is None
+        assert cfg.model_config.dtype == torch.float32
+        explicit = ModelConfig(dtype="bfloat16")
+        kept = VllmConfig(model_config=explicit, parallel_config=ParallelConfig(**pp2))
+        assert kept.model_config.dtype == torch.bfloat16
 
 
 def test_explicit_dtype_is_honoured_on_cpu(tmp_path: Path) -> None:

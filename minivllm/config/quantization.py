@@ -1,8 +1,8 @@
 """Quantization: `QuantizationConfig` objects for ``VllmConfig.quant_config``.
 
-minivllm's only quantized format is GGUF, whose weights the GGUF loader
-dequantizes; `GGUFConfig` describes it. Every other method is refused, both
-here and by `ModelConfig`.
+minivllm's only quantized format is GGUF (``quantization="gguf"``, the default
+for quantized GGUF files on CPU: weights stay low-bit); `GGUFConfig` describes
+it. Every other method is refused, both here and by `ModelConfig`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class QuantizationConfig:
 
 
 class GGUFConfig(QuantizationConfig):
-    """GGUF block-quantized weights, dequantized to the compute dtype on load."""
+    """GGUF block-quantized weights, kept low-bit and computed on by the CPU kernels."""
 
     def get_name(self) -> str:
         return "gguf"

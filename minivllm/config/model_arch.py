@@ -63,19 +63,11 @@ def checkpoint_dtype(hf_config: Any, hf_text_config: Any) -> torch.dtype:
     return torch.float32
 
 
-def resolve_dtype(
-    requested: str | torch.dtype,
-    checkpoint: torch.dtype,
-    *,
-    quantized: bool = False,
-    low_bit: bool = False,
-) -> torch.dtype:
-    """The compute dtype for ``requested`` given the checkpoint dtype.
+def resolve_dtype(requested: str | torch.dtype, checkpoint: torch.dtype) -> torch.dtype:
+    """The compute dtype for ``requested`` given the checkpoint dtype (float32 for
+    a quantized GGUF file: the dtype its blocks dequantize to exactly).
 
-    ``quantized``: the checkpoint is a quantized GGUF file (``checkpoint`` is then
-    float32, the dtype its blocks dequantize to exactly); ``low_bit``: its matrices
-    stay quantized (``quantization="gguf"``).  See the module docstring of
-    `minivllm.config.model` for the rules.
+    See the module docstring of `minivllm.config.model` for the rules.
     """
     from minivllm.platforms import cpu as cpu_platform
     from minivllm.platforms import current_platform
@@ -97,7 +89,7 @@ def resolve_dtype(
     if isinstance(requested, torch.dtype):
         return requested
     if current_platform.is_cpu():
-        return _cpu_auto_dtype(checkpoint, quantized, low_bit, cpu_platform.cpu_has_native_bf16())
+        return _cpu_auto_dtype(checkpoint, cpu_platform.cpu_has_native_bf16())
     bf16_ok = current_platform.get_device_capability() is None or (
         current_platform.has_device_capability(80)
     )
@@ -109,17 +101,10 @@ def resolve_dtype(
     return checkpoint
 
 
-def _cpu_auto_dtype(
-    checkpoint: torch.dtype, quantized: bool, low_bit: bool, native_bf16: bool
-) -> torch.dtype:
-    """``dtype="auto"`` on a CPU (figures: `minivllm.config.model`'s docstring)."""
-    if quantized:
-        # Low-bit GGUF: all-bfloat16 passes the accuracy bar and is faster batched;
-        # dequantized, bfloat16 costs more accuracy (the LM head) than it may.
-        if low_bit and native_bf16:
-            _log_auto("quantized GGUF (low-bit)", torch.bfloat16)
-            return torch.bfloat16
-        return torch.float32
+def _cpu_auto_dtype(checkpoint: torch.dtype, native_bf16: bool) -> torch.dtype:
+    """``dtype="auto"`` on a CPU (figures: `minivllm.config.model`'s docstring):
+    bfloat16 checkpoints keep bfloat16 where the CPU computes it natively; every
+    other checkpoint, quantized GGUF included, runs in float32."""
     if checkpoint == torch.bfloat16 and native_bf16:
         _log_auto("bfloat16", torch.bfloat16)
         return torch.bfloat16

@@ -67,7 +67,6 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
             "set it to 'none'."
         )
     pc = cfg.parallel_config
-    mc = cfg.model_config
     if cfg.speculative_config is not None and pc.world_size > 1:
         # The verification path keeps sampled tokens on the output rank only.
         raise ValueError(

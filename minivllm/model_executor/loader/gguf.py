@@ -156,7 +156,7 @@ def read_gguf_quantized(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any
     md, tensors = _read_tensors(path)
     arch, num_heads, num_kv_heads = _head_counts(md)
     for t in tensors:
-        hf_name = gguf_to_hf_name(t.name)
+        hf_name = gguf_to_hf_name(t.name, arch)
         if hf_name is None:
             continue
         qtype = GGMLQuantizationType(t.tensor_type)
@@ -167,6 +167,8 @@ def read_gguf_quantized(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any
             w = GGUFWeight(raw.reshape(shape[0], -1), qtype, (shape[0], shape[1]))
         else:
             w = gguf_dequant.dequantize(t.data, t.tensor_type, shape)
+            if arch == "gemma3" and hf_name.endswith("norm.weight"):
+                w = w.float() - 1.0  # as in read_gguf_weights
         if arch == "llama" and num_heads and (".q_proj." in hf_name or ".k_proj." in hf_name):
             heads = int(num_heads if ".q_proj." in hf_name else num_kv_heads)
             if isinstance(w, GGUFWeight):  # rows are whole blocks: permute them as bytes

@@ -11,10 +11,14 @@ weights the kernels see, then switch one precision loss back on at a time:
 ``in`` (activations rounded to bfloat16), ``out`` (outputs rounded to
 bfloat16), ``scales`` (int4 scales/zeros in bfloat16), ``head`` (the LM head as
 the path stores it instead of the file's exact Q8_0 values).  ``kernels`` runs
-the real path (whatever `quantized_linear` does today).
+the real path (whatever `quantized_linear` does today); ``dequantized`` runs the
+float model (weights dequantized at load) in ``--dtype``.  ``--dtype bfloat16``
+runs the model under test all in bfloat16 (residual stream, norms, attention,
+KV cache), as ``dtype="auto"`` does on CPUs with native bf16 compute.
 
     python benchmarks/gguf_accuracy.py                 # every variant
     python benchmarks/gguf_accuracy.py kernels emulate:in,out
+    python benchmarks/gguf_accuracy.py --dtype bfloat16 kernels dequantized
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from minivllm.transformers_utils.config import get_hf_config  # noqa: E402
 
 VARIANTS = (
     "kernels",
+    "dequantized",
     "emulate:",
     "emulate:in",
     "emulate:out",
@@ -102,7 +107,9 @@ def emulated_impl(model: torch.nn.Module, losses: set[str]):
     return impl
 
 
-def run_variant(name: str, path: Path, prompts, ref: torch.Tensor) -> tuple[float, float, float]:
+def run_variant(
+    name: str, path: Path, prompts, ref: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> tuple[float, float, float]:
     hf_config = get_hf_config(str(path))
     emulate = name.startswith("emulate:")
     original_defaults = ql.quantize_parts.__defaults__
@@ -110,11 +117,12 @@ def run_variant(name: str, path: Path, prompts, ref: torch.Tensor) -> tuple[floa
     if emulate:  # keep float32 scales; the emulation rounds them when asked
         ql.quantize_parts.__defaults__ = (torch.float32,)
     try:
-        model = load_model(path, hf_config, torch.float32, quantization="gguf")
+        quantization = None if name == "dequantized" else "gguf"
+        model = load_model(path, hf_config, dtype, quantization=quantization, use_cache=False)
         if emulate:
             losses = {s for s in name.split(":", 1)[1].split(",") if s}
             ql.lowbit_linear_impl = emulated_impl(model, losses)
-        runner = PagedRunner(model, num_blocks=80, block_size=16, kv_dtype=torch.float32)
+        runner = PagedRunner(model, num_blocks=80, block_size=16, kv_dtype=dtype)
         start = time.perf_counter()
         steps = [runner.step([(str(i), [p[t]]) for i, p in enumerate(prompts)]) for t in range(128)]
         elapsed = time.perf_counter() - start
@@ -135,7 +143,9 @@ def perplexity(logits: torch.Tensor, prompts) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     path = default_gguf()
     prompts = text_prompts(path, 8, 128)
     with tempfile.TemporaryDirectory() as cache:
@@ -147,9 +157,10 @@ def main() -> None:
         runner = PagedRunner(ref_model, num_blocks=80, block_size=16)
         ref = runner.step([(str(i), p) for i, p in enumerate(prompts)]).view(8, 128, -1).float()
         del ref_model, runner
+        print(f"model dtype {args.dtype}; reference: dequantized float32")
         print(f"{'variant':32} {'top-1 agree':>11} {'ppl ratio':>9} {'decode s':>8}")
         for name in args.variants:
-            agree, ratio, secs = run_variant(name, path, prompts, ref)
+            agree, ratio, secs = run_variant(name, path, prompts, ref, dtype)
             print(f"{name:32} {agree:11.2%} {ratio:9.4f} {secs:8.1f}", flush=True)
 
 

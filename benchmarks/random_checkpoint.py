@@ -31,8 +31,9 @@ SMOLLM2_135M: dict[str, Any] = dict(
 """SmolLM2-135M-Instruct's dimensions (its config.json)."""
 
 
-def write_checkpoint(path: Path, seed: int = 0, **overrides: Any) -> Path:
-    """Save a random LlamaForCausalLM of `SMOLLM2_135M` (plus ``overrides``) to ``path``."""
+def write_checkpoint(path: Path, seed: int = 0, dtype: str = "float32", **overrides: Any) -> Path:
+    """Save a random LlamaForCausalLM of `SMOLLM2_135M` (plus ``overrides``) to ``path``,
+    its tensors (and config ``dtype``) in ``dtype``."""
     import torch
     import transformers
 
@@ -44,7 +45,7 @@ def write_checkpoint(path: Path, seed: int = 0, **overrides: Any) -> Path:
         for p in model.parameters():
             if p.dim() > 1:  # keep activations in range over 30 layers
                 p.normal_(0.0, 0.02)
-    model.save_pretrained(path)
+    model.to(getattr(torch, dtype)).save_pretrained(path)
     return path
 
 
@@ -52,8 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = parser.parse_args()
-    print(write_checkpoint(args.path, seed=args.seed))
+    print(write_checkpoint(args.path, seed=args.seed, dtype=args.dtype))
 
 
 if __name__ == "__main__":

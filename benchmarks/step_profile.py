@@ -200,11 +200,10 @@ def build(args: argparse.Namespace) -> tuple[Any, Timers]:
     from minivllm.args.engine_args import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
 
-    quant = None if args.quantization == "none" else args.quantization
     engine = LLMEngine.from_engine_args(
         EngineArgs(
             model=args.model,
-            quantization=quant,
+            quantization=args.quantization,  # "none" dequantizes; unset would mean "gguf"
             optimization_level=args.level,
             max_num_seqs=1,
             dtype=args.dtype,

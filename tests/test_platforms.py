@@ -114,3 +114,33 @@ def test_parse_platform() -> None:
     assert parse_platform("cuda:10.0").get_device_capability() == (10, 0)
     with pytest.raises(ValueError, match="cuda:MAJOR.MINOR"):
         parse_platform("tpu")
+
+
+@pytest.mark.parametrize(
+    ("avx512_bf16", "amx_tile", "expected"),
+    [(True, False, True), (False, True, True), (True, True, True), (False, False, False)],
+)
+def test_cpu_has_native_bf16_asks_torch(
+    monkeypatch: pytest.MonkeyPatch, avx512_bf16: bool, amx_tile: bool, expected: bool
+) -> None:
+    import torch
+
+    from minivllm.platforms import cpu
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx_tile)
+    cpu.cpu_has_native_bf16.cache_clear()
+    try:
+        assert cpu.cpu_has_native_bf16() is expected
+    finally:
+        cpu.cpu_has_native_bf16.cache_clear()
+
+
+def test_cpuinfo_flags_fallback() -> None:
+    from minivllm.platforms.cpu import cpuinfo_has_native_bf16
+
+    head = "processor\t: 0\nmodel name\t: x\nflags\t\t: fpu sse2 avx2 avx512f"
+    assert not cpuinfo_has_native_bf16(head + " avx512bw\n")  # AVX-512 without bf16
+    assert cpuinfo_has_native_bf16(head + " avx512_bf16\n")
+    assert cpuinfo_has_native_bf16(head + " amx_tile amx_bf16\n")
+    assert not cpuinfo_has_native_bf16("processor\t: 0\n")

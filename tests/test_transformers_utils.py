@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_helpers import write_gguf
 
 from minivllm.transformers_utils import config as hf_utils
 from minivllm.transformers_utils.config import (
@@ -24,38 +25,10 @@ from minivllm.transformers_utils.config import (
 )
 
 
-def write_gguf(
-    path: Path,
-    arch: str = "qwen3",
-    *,
-    with_output: bool = False,
-    dtype: type = np.float16,
-    vocab: int = 40,
-) -> Path:
-    """A tiny GGUF file with llama.cpp's metadata keys and a few tensors."""
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(2)
-    writer.add_context_length(4096)
-    writer.add_embedding_length(64)
-    writer.add_feed_forward_length(128)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_key_length(32)
-    writer.add_rope_freq_base(1_000_000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"tok{i}" for i in range(vocab)])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_tensor("token_embd.weight", np.zeros((vocab, 64), dtype=dtype))
-    writer.add_tensor("blk.0.attn_q.weight", np.zeros((128, 64), dtype=dtype))
-    if with_output:
-        writer.add_tensor("output.weight", np.zeros((vocab, 64), dtype=dtype))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+def test_gguf_is_quantized(tmp_path: Path) -> None:
+    assert hf_utils.gguf_is_quantized(default_model_path())  # Q4_1 matrices, F32 norms
+    assert not hf_utils.gguf_is_quantized(write_gguf(tmp_path / "f16.gguf", dtype=np.float16))
+    assert not hf_utils.gguf_is_quantized(write_gguf(tmp_path / "f32.gguf", dtype=np.float32))
 
 
 def test_default_model_path_points_at_the_shipped_gguf() -> None:

@@ -64,10 +64,12 @@ def checkpoint_dtype(hf_config: Any, hf_text_config: Any) -> torch.dtype:
 
 
 def resolve_dtype(requested: str | torch.dtype, checkpoint: torch.dtype) -> torch.dtype:
-    """The compute dtype for ``requested`` given the checkpoint dtype.
+    """The compute dtype for ``requested`` given the checkpoint dtype (float32 for
+    a quantized GGUF file: the dtype its blocks dequantize to exactly).
 
     See the module docstring of `minivllm.config.model` for the rules.
     """
+    from minivllm.platforms import cpu as cpu_platform
     from minivllm.platforms import current_platform
 
     if isinstance(requested, str) and requested != "auto":
@@ -87,15 +89,7 @@ def resolve_dtype(requested: str | torch.dtype, checkpoint: torch.dtype) -> torc
     if isinstance(requested, torch.dtype):
         return requested
     if current_platform.is_cpu():
-        if checkpoint in _HALF_DTYPES:
-            logger.info(
-                "Running the %s checkpoint in float32 on CPU (half types are slow and "
-                "less accurate on CPU); pass dtype=%s to override.",
-                checkpoint,
-                str(checkpoint).removeprefix("torch."),
-            )
-            return torch.float32
-        return checkpoint
+        return _cpu_auto_dtype(checkpoint, cpu_platform.cpu_has_native_bf16())
     bf16_ok = current_platform.get_device_capability() is None or (
         current_platform.has_device_capability(80)
     )
@@ -105,3 +99,30 @@ def resolve_dtype(requested: str | torch.dtype, checkpoint: torch.dtype) -> torc
         logger.info("This GPU lacks bfloat16; running the bfloat16 checkpoint in float16.")
         return torch.float16
     return checkpoint
+
+
+def _cpu_auto_dtype(checkpoint: torch.dtype, native_bf16: bool) -> torch.dtype:
+    """``dtype="auto"`` on a CPU (figures: `minivllm.config.model`'s docstring):
+    bfloat16 checkpoints keep bfloat16 where the CPU computes it natively; every
+    other checkpoint, quantized GGUF included, runs in float32."""
+    if checkpoint == torch.bfloat16 and native_bf16:
+        _log_auto("bfloat16", torch.bfloat16)
+        return torch.bfloat16
+    if checkpoint in _HALF_DTYPES:
+        _log_auto(str(checkpoint).removeprefix("torch."), torch.float32)
+        return torch.float32
+    return checkpoint
+
+
+def _log_auto(what: str, dtype: torch.dtype) -> None:
+    why = (
+        "this CPU computes bfloat16 natively (AMX or AVX512-BF16)"
+        if dtype == torch.bfloat16
+        else "half types on this CPU are emulated (slow) or less accurate"
+    )
+    logger.info(
+        "dtype auto: running the %s checkpoint in %s on CPU (%s); pass --dtype to override.",
+        what,
+        str(dtype).removeprefix("torch."),
+        why,
+    )

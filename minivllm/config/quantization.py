@@ -4,7 +4,7 @@ Two weight-only methods, both computed on by the low-bit CPU kernels of
 ``model_executor/layers/quantized_linear.py``:
 
 - ``gguf`` (`GGUFConfig`): a quantized GGUF file's matrices stay in their
-  low-bit form (vLLM's name for it);
+  low-bit form (vLLM's name for it; the default for quantized GGUF files on CPU);
 - ``int8_per_channel`` (`Int8PerChannelConfig`): minivllm's own online scheme,
   named like vLLM's load-time ones (``fp8_per_tensor``, ``fp8_per_block``): an
   unquantized HF checkpoint's linear weights are quantized to int8 at load, one

@@ -50,6 +50,7 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
     with _step(prov, "rule", "try_verify_and_update_config", "model-specific config hook"):
         cfg.try_verify_and_update_config()
     _verify_with_model(cfg, prov)
+    _gguf_with_parallelism(cfg, prov)
     if cfg.quant_config is None and cfg.model_config is not None:
         with _step(prov, "rule", "quant_config", "derived from model_config.quantization"):
             cfg.quant_config = cfg._get_quantization_config(cfg.model_config, cfg.load_config)
@@ -67,11 +68,6 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
         )
     pc = cfg.parallel_config
     mc = cfg.model_config
-    if mc is not None and mc.quantization == "gguf" and pc.world_size > 1:
-        raise ValueError(
-            "quantization='gguf' (low-bit weights) is not supported by minivllm yet with "
-            "tensor or pipeline parallelism; drop --quantization to dequantize the file."
-        )
     if mc is not None and mc.quantization == "int8_per_channel":
         _check_int8_per_channel(cfg)
     if cfg.speculative_config is not None and pc.world_size > 1:
@@ -277,6 +273,26 @@ def _effective_dp_size(cfg: VllmConfig) -> int:
     if model is None or model.is_moe:
         return cfg.parallel_config.data_parallel_size
     return 1
+
+
+def _gguf_with_parallelism(cfg: VllmConfig, prov: Provenance) -> None:
+    """The low-bit GGUF path runs on one process: under TP/PP the default "gguf"
+    becomes dequantized weights, an explicit one is refused."""
+    mc, pc = cfg.model_config, cfg.parallel_config
+    if mc is None or mc.quantization != "gguf" or pc.world_size == 1:
+        return
+    why = (
+        f"tensor_parallel_size={pc.tensor_parallel_size}, "
+        f"pipeline_parallel_size={pc.pipeline_parallel_size}"
+    )
+    with _step(prov, "rule", "gguf_with_parallelism", f"low-bit GGUF runs on one rank ({why})"):
+        if mc.dequantize_default_gguf(why):
+            return
+    raise ValueError(
+        "quantization='gguf' (low-bit weights) is not supported by minivllm yet with "
+        f"tensor or pipeline parallelism ({why}); use --quantization none to dequantize "
+        "the file, or run on one process."
+    )
 
 
 def _resolve_user_paths(cfg: VllmConfig, user_set_paths: frozenset[str] | None) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,40 @@ def usable_cpu_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1  # pragma: no cover - not Linux
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AMX-BF16 or AVX512-BF16).
+
+    Elsewhere (AVX2-only or plain AVX-512 CPUs) PyTorch's bfloat16 kernels convert
+    to float32 and back around every op, which is slower than float32 itself.
+    torch's own check (via cpuinfo, which also asks whether the OS enabled the
+    registers) comes first; /proc/cpuinfo's flags are the fallback.
+    """
+    import torch
+
+    checks = [getattr(torch.cpu, name, None) for name in BF16_TORCH_CHECKS]
+    if all(callable(check) for check in checks):
+        return any(check() for check in checks)  # type: ignore[misc]
+    try:
+        with open("/proc/cpuinfo") as f:
+            return cpuinfo_has_native_bf16(f.read())
+    except OSError:  # not Linux
+        return False
+
+
+BF16_TORCH_CHECKS = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+"""The ``torch.cpu`` predicates `cpu_has_native_bf16` asks (AMX tiles come with AMX-BF16)."""
+
+
+def cpuinfo_has_native_bf16(cpuinfo: str) -> bool:
+    """Whether /proc/cpuinfo text lists ``amx_bf16`` or ``avx512_bf16``."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = line.split(":", 1)[-1].split()
+            return "amx_bf16" in flags or "avx512_bf16" in flags
+    return False
 
 
 class CpuPlatform(Platform):

@@ -106,6 +106,8 @@ class GGUFTensorInfo:
     """Dimensions as stored (GGUF order: fastest-varying first)."""
     ggml_type: str
     """Name of the ``gguf.GGMLQuantizationType``, e.g. ``"Q4_1"`` or ``"F32"``."""
+    offset: int = 0
+    """Where the tensor's bytes start, from the start of the data section."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +120,8 @@ class GGUFHeader:
     """Key/value metadata; long arrays are `GGUFArray` stand-ins unless requested."""
     tensors: tuple[GGUFTensorInfo, ...]
     """The tensor directory, in file order."""
+    data_start: int = 0
+    """File offset of the data section (after the header, aligned)."""
 
     @property
     def tensor_names(self) -> set[str]:
@@ -216,13 +220,17 @@ class _HeaderParser:
             shape = struct.unpack_from(f"<{n_dims}Q", self._buf, self._pos)
             self._pos += 8 * n_dims
             ggml_type = self._unpack("<I")
-            self._pos += 8  # data offset, not needed for configuration
+            offset = self._unpack("<Q")
             try:
                 type_name = gguf.GGMLQuantizationType(ggml_type).name
             except ValueError:
                 type_name = f"UNKNOWN_{ggml_type}"
-            tensors.append(GGUFTensorInfo(name, tuple(int(d) for d in shape), type_name))
-        return GGUFHeader(version, metadata, tuple(tensors))
+            tensors.append(
+                GGUFTensorInfo(name, tuple(int(d) for d in shape), type_name, int(offset))
+            )
+        align = int(metadata.get("general.alignment", 32))
+        data_start = -(-self._pos // align) * align
+        return GGUFHeader(version, metadata, tuple(tensors), data_start)
 
 
 def read_gguf_header(
@@ -247,6 +255,15 @@ def read_gguf_metadata(
 ) -> dict[str, Any]:
     """The key/value metadata of a GGUF file (see `read_gguf_header`)."""
     return read_gguf_header(path, full_arrays=full_arrays, max_array_len=max_array_len).metadata
+
+
+def gguf_is_quantized(path: str | Path) -> bool:
+    """Whether a GGUF file holds quantized matrices (any 2-D tensor of a type other
+    than F32/F16/BF16/F64); a float-only GGUF file is not quantized."""
+    header = read_gguf_header(path)
+    return any(
+        len(t.shape) >= 2 and t.ggml_type not in _FLOAT_TENSOR_DTYPES for t in header.tensors
+    )
 
 
 def gguf_checkpoint_dtype(header: GGUFHeader) -> str:

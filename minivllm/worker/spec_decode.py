@@ -67,7 +67,8 @@ class SpecDecoder:
         if self.spec.model == target.model:
             mc = target
         else:
-            mc = ModelConfig(model=self.spec.model, dtype=target.dtype)
+            # The draft is loaded dequantized (see `load_model` below), GGUF or not.
+            mc = ModelConfig(model=self.spec.model, dtype=target.dtype, quantization="none")
         vocab = mc.get_vocab_size()
         if vocab != target_vocab_size:
             raise ValueError(

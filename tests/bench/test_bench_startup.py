@@ -14,7 +14,10 @@ from minivllm.entrypoints.cli.main import main
 def test_bench_startup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "startup.json"
     root = tmp_path / "cache-root"
-    argv = ["bench", "startup", "-O0", "--num-gpu-blocks-override", "64", "--disable-tqdm"]
+    # Dequantized ("none"): its weight cache is what a cold -O0 start fills and a warm one
+    # reads (the low-bit default reads the GGUF file each start: nothing to cache at -O0).
+    argv = ["bench", "startup", "-O0", "--quantization", "none"]
+    argv += ["--num-gpu-blocks-override", "64", "--disable-tqdm"]
     try:
         assert main([*argv, "--cache-root", str(root), "--output-json", str(out)]) == 0
         assert any(root.iterdir())  # --cache-root is kept

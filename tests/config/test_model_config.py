@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from model_helpers import TINY_CONFIG
+from model_helpers import TINY_CONFIG, write_gguf
 from transformers import GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
 from minivllm.config.model import SUPPORTED_ARCHITECTURES, ModelConfig
 from minivllm.config.parallel import ParallelConfig
 from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
+from minivllm.platforms import cpu as cpu_platform
+from minivllm.platforms.cpu import cpu_has_native_bf16
 
 # Config files only (no weights): the tiny models' dimensions, a 1024-token context.
 SMALL = {**TINY_CONFIG, "max_position_embeddings": 1024}
@@ -45,12 +48,11 @@ def test_default_model_is_smollm2_gguf(default_model: ModelConfig) -> None:
     assert m.vocab_size == 49152 and m.get_vocab_size() == 49152
     assert m.tie_word_embeddings is True
     assert m.hf_config.tie_word_embeddings is True
-    assert m.quantization is None  # dequantized unless "gguf" is asked for
+    assert m.quantization == "gguf"  # a quantized GGUF runs low-bit unless "none" is asked
     assert m.max_model_len == 8192
     assert m.served_model_name == "SmolLM2-135M-Instruct"
     assert m.tokenizer == m.model
-    # A quantized GGUF computes in float32 on CPU.
-    assert m.dtype == torch.float32
+    assert m.dtype == torch.float32  # a quantized GGUF computes in float32 on any CPU
 
 
 def test_model_kind_predicates(default_model: ModelConfig) -> None:
@@ -110,11 +112,31 @@ def test_hf_directories(tmp_path: Path, cls: type, arch: str) -> None:
     assert m.vocab_size == 128 and m.max_model_len == 1024
     assert m.quantization is None and not m.is_gguf
     assert m.served_model_name == path and m.tokenizer == path
-    # bfloat16 checkpoint: float32 on CPU, kept on an Ampere+ GPU.
-    assert m.dtype == torch.float32
+    # bfloat16 checkpoint: kept on a CPU with bf16 compute (else float32) and on an
+    # Ampere+ GPU.
+    assert m.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
     with override_platform(CudaPlatform(device_capability=(8, 0))):
         assert ModelConfig(model=path).dtype == torch.bfloat16
         assert ModelConfig(model=path, dtype="half").dtype == torch.float16
+
+
+@pytest.mark.parametrize("native_bf16", [True, False], ids=["amx-or-avx512bf16", "avx2"])
+def test_auto_dtype_on_cpu_follows_bf16_compute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_bf16: bool
+) -> None:
+    monkeypatch.setattr(cpu_platform, "cpu_has_native_bf16", lambda: native_bf16)
+    fast = torch.bfloat16 if native_bf16 else torch.float32
+    with override_platform(CpuPlatform()):
+        assert ModelConfig(model=hf_dir(tmp_path, dtype="bfloat16")).dtype == fast
+        # float16 and float32 checkpoints compute in float32 on any CPU.
+        f16, f32 = hf_dir(tmp_path, name="h", dtype="float16"), hf_dir(tmp_path, name="f")
+        assert ModelConfig(model=f16).dtype == torch.float32
+        assert ModelConfig(model=f32).dtype == torch.float32
+        # The quantized GGUF, low-bit or dequantized: float32 (bfloat16 measured no
+        # faster low-bit, and below the accuracy bar dequantized).
+        assert ModelConfig().dtype == torch.float32
+        assert ModelConfig(quantization="none").dtype == torch.float32
+        assert ModelConfig(dtype="bfloat16").dtype == torch.bfloat16  # explicit wins
 
 
 def test_explicit_dtype_is_honoured_on_cpu(tmp_path: Path) -> None:
@@ -178,14 +200,26 @@ def test_unsupported_model_options(kwargs: dict) -> None:
         ModelConfig(**kwargs)
 
 
-def test_gguf_quantization_is_opt_in() -> None:
-    # Unset or "none": the quantized GGUF is dequantized at load; "gguf" keeps it low-bit.
-    assert ModelConfig().quantization is None
-    assert ModelConfig(quantization="none").quantization is None
-    assert ModelConfig(quantization="gguf").quantization == "gguf"
-    assert ModelConfig(dtype="bfloat16", quantization="gguf").quantization == "gguf"
+def test_gguf_quantization_default(tmp_path: Path) -> None:
+    # Unset: a quantized GGUF stays low-bit ("gguf", as vLLM); "none" dequantizes at load.
+    with override_platform(CpuPlatform()):
+        default = ModelConfig()
+        assert default.quantization == "gguf" and default.quantization_is_default
+        assert ModelConfig(quantization="none").quantization is None
+        explicit = ModelConfig(quantization="gguf")
+        assert explicit.quantization == "gguf" and not explicit.quantization_is_default
+        assert ModelConfig(dtype="bfloat16", quantization="gguf").quantization == "gguf"
+        # A GGUF of float tensors only has nothing to keep low-bit.
+        floats = str(write_gguf(tmp_path / "f16.gguf", "llama", dtype=np.float16))
+        assert ModelConfig(model=floats).quantization is None
+        assert ModelConfig(model=floats, quantization="gguf").quantization == "gguf"
     with pytest.raises(ValueError, match="'none'"):
         ModelConfig(quantization="awq")
+    # The low-bit kernels are CPU kernels: a GPU dequantizes unless "gguf" is asked for.
+    with override_platform(CudaPlatform(device_capability=(9, 0))):
+        assert ModelConfig().quantization is None
+        with pytest.raises(ValueError, match="CPU only"):
+            ModelConfig(quantization="gguf")
 
 
 def test_quantization_rules(tmp_path: Path) -> None:

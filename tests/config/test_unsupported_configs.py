@@ -203,8 +203,8 @@ def test_device_config() -> None:
 
 
 def test_quantization(default_model_config) -> None:
-    # The default GGUF is dequantized unless low-bit compute is asked for.
-    assert default_model_config.quantization is None
+    # The default GGUF (quantized) runs low-bit unless "none" is asked for.
+    assert default_model_config.quantization == "gguf"
     from minivllm.config.model import ModelConfig
 
     qc = get_quant_config(ModelConfig(quantization="gguf"))

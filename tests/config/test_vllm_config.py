@@ -204,8 +204,10 @@ def test_block_size_from_platform_and_cuda_limit(model) -> None:
 
 
 def test_gguf_quant_config(model) -> None:
-    assert build(ModelConfig(quantization="gguf")).quant_config.get_name() == "gguf"
-    assert build(model).quant_config is None  # dequantized: no quantization method
+    # The default GGUF runs low-bit (on CPU); "none" dequantizes: no quantization method.
+    assert build(model, CPU).quant_config.get_name() == "gguf"
+    assert build(ModelConfig(quantization="gguf"), CPU).quant_config.get_name() == "gguf"
+    assert build(ModelConfig(quantization="none"), CPU).quant_config is None
     assert build(None).quant_config is None
 
 
@@ -225,6 +227,23 @@ def test_int8_per_channel_quant_config(tmp_path: Path) -> None:
     for parallel in ({"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}):
         with pytest.raises(ValueError, match="int8_per_channel.*run on one process"):
             build(int8, CPU, parallel_config=parallel)
+
+
+def test_default_gguf_dequantizes_under_parallelism(model) -> None:
+    pp2 = {"pipeline_parallel_size": 2, "distributed_executor_backend": "mp"}
+    dequantized = ModelConfig(quantization="none")
+    cfg = build(model, CPU, parallel_config=pp2)
+    assert cfg.model_config.quantization is None and cfg.quant_config is None
+    why = cfg.explain()["model_config.quantization"]
+    assert why["rule"] == "gguf_with_parallelism", why
+    # The compile cache key follows the resolved value: the same as asking for "none".
+    assert cfg.compute_hash() == build(dequantized, CPU, parallel_config=pp2).compute_hash()
+    assert build(model, CPU).compute_hash() != build(dequantized, CPU).compute_hash()
+    tp3 = {"tensor_parallel_size": 3, "distributed_executor_backend": "mp"}
+    assert build(model, CPU, parallel_config=tp3).model_config.quantization is None
+    # Asked for explicitly, low-bit weights under TP/PP are refused with the fix.
+    with pytest.raises(ValueError, match="quantization none"):
+        build(ModelConfig(quantization="gguf"), CPU, parallel_config=pp2)
 
 
 def test_debug_dump_path_is_absolute_and_rank_aware(model) -> None:

@@ -1,6 +1,7 @@
 """The acceptance matrix (slow: each engine spawns its ranks): greedy tokens under
 tensor/pipeline parallelism equal one process's, for the default model in float32
-(TP=3, PP=2, TP=3 x PP=2) and tiny Llama / Qwen2 / Qwen3 models (TP=2, TP=4, KV
+(TP=3, PP=2, TP=3 x PP=2; dequantized without a flag, against one process with
+``quantization="none"``) and tiny Llama / Qwen2 / Qwen3 models (TP=2, TP=4, KV
 heads fewer than ranks), on the "mp" and "ray" executors.  The default run covers
 TP x PP on "mp" in test_parallel_engine.py."""
 
@@ -37,6 +38,9 @@ DEFAULT_ENGINE = dict(dtype="float32", optimization_level=0, num_gpu_blocks_over
 def _default_tokens(**parallel: object) -> list[list[int]]:
     llm = LLM(**DEFAULT_ENGINE, **parallel)
     try:
+        # Dequantized: under TP/PP without a flag (the low-bit path runs on one
+        # process), in the reference because it is asked for.
+        assert llm.llm_engine.vllm_config.model_config.quantization is None
         outs = llm.generate(DEFAULT_PROMPTS, DEFAULT_GREEDY, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
     finally:
@@ -45,7 +49,7 @@ def _default_tokens(**parallel: object) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def default_reference() -> list[list[int]]:
-    return _default_tokens()
+    return _default_tokens(quantization="none")
 
 
 @pytest.mark.parametrize(

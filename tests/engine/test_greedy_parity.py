@@ -33,7 +33,11 @@ PROMPTS = [
     "1, 1, 2, 3, 5, 8,",
 ]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
-COMMON = dict(dtype="float32", optimization_level=0, num_gpu_blocks_override=256)
+# Float parity: weights dequantized ("none") and float32, as HF computes; the low-bit
+# default is checked against this float path in test_gguf_quantized.py.
+COMMON = dict(
+    dtype="float32", quantization="none", optimization_level=0, num_gpu_blocks_override=256
+)
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,12 @@ PARAMS = [
     SamplingParams(temperature=0.8, seed=1000 + i, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
     for i in range(4)
 ]
-COMMON: dict[str, Any] = dict(dtype="float32", optimization_level=0, block_size=8)
+# Dequantized float32: the low-bit path's numbers depend on how many rows a step has
+# (a recomputed prompt runs through the prefill kernels), so a preempted request
+# could pick a different near-tie token; what this file checks is the bookkeeping.
+COMMON: dict[str, Any] = dict(
+    dtype="float32", quantization="none", optimization_level=0, block_size=8
+)
 SMALL_CACHE_BLOCKS = 17
 """16 usable blocks (one is the null block) = 128 tokens for ~8 x 28 tokens of context."""
 

@@ -28,8 +28,15 @@ BLOCK_SIZE = 16
 PREFIX_LEN = 256
 MAX_TOKENS = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+# Dequantized float32: a cache hit must give the uncached run's very tokens and
+# logprobs, which holds where a step's numbers do not depend on its row count (the
+# low-bit path's kernels change with it).
 COMMON: dict[str, Any] = dict(
-    dtype="float32", optimization_level=0, num_gpu_blocks_override=128, block_size=BLOCK_SIZE
+    dtype="float32",
+    quantization="none",
+    optimization_level=0,
+    num_gpu_blocks_override=128,
+    block_size=BLOCK_SIZE,
 )
 ALGOS = ["sha256", "sha256_cbor"]
 

@@ -44,9 +44,12 @@ def gemma_path() -> str:
 
 def make_llm(path: str, window: int | None, **kwargs: object) -> LLM:
     overrides = {"sliding_window": window} if window else {}
+    # Dequantized float32: HF parity and cache-hit token equality are float-path
+    # properties (the K-quant low-bit kernels: test_gguf_kquants.py).
     return LLM(
         model=path,
         dtype="float32",
+        quantization="none",
         optimization_level=0,
         hf_overrides=overrides,
         block_size=BLOCK,

@@ -111,3 +111,20 @@ def test_unknown_tensor_name_is_an_error():
     assert gguf_loader.gguf_to_hf_name("rope_freqs.weight") is None
     with pytest.raises(ValueError, match="no counterpart"):
         gguf_loader.gguf_to_hf_name("blk.0.ffn_gate_exps.weight")
+
+
+def test_tensor_bytes_match_gguf_reader(tmp_path) -> None:  # noqa: ANN001
+    """minivllm's header parser finds each tensor's bytes where gguf's reader does
+    (it replaces GGUFReader, which parses every metadata array: seconds per load)."""
+    from model_helpers import write_gguf
+
+    from minivllm.model_executor.loader.gguf import _read_tensors
+
+    for dtype in (np.float16, np.float32):
+        path = write_gguf(tmp_path / f"{np.dtype(dtype).name}.gguf", "llama", dtype=dtype)
+        ours = _read_tensors(path)[1]
+        theirs = gguf.GGUFReader(str(path)).tensors
+        assert [t.name for t in ours] == [t.name for t in theirs]
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.tensor_type == b.tensor_type
+            assert np.ascontiguousarray(a.data).tobytes() == np.ascontiguousarray(b.data).tobytes()

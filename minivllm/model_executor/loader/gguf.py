@@ -93,21 +93,46 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.reshape(num_heads, half, 2, *rest).transpose(1, 2).reshape(w.shape).contiguous()
 
 
-def _field(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
+class _Tensor:
+    """One tensor of a GGUF file: name, type, GGUF-order shape, raw bytes."""
+
+    def __init__(self, name: str, tensor_type: GGMLQuantizationType, shape, data) -> None:
+        self.name, self.tensor_type, self.shape, self.data = name, tensor_type, shape, data
+
+
+def _read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[_Tensor]]:
+    """Metadata and tensors (read-only memory-mapped bytes, one row per matrix row)
+    of a GGUF file, read with minivllm's header parser: ``gguf.GGUFReader`` parses
+    every metadata array, ~10 s for a 49k-token vocabulary on a busy 2-core CPU."""
+    from gguf import GGML_QUANT_SIZES
+
+    from minivllm.transformers_utils.config import read_gguf_header
+
+    header = read_gguf_header(path)
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors = []
+    for t in header.tensors:
+        qtype = GGMLQuantizationType[t.ggml_type]
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        count = int(np.prod(t.shape))
+        start = header.data_start + t.offset
+        raw = mm[start : start + count // block * type_size]
+        tensors.append(_Tensor(t.name, qtype, t.shape, raw.reshape(count // t.shape[0], -1)))
+    return header.metadata, tensors
+
+
+def _head_counts(md: dict[str, Any]) -> tuple[str, Any, Any]:
+    arch = md.get("general.architecture")
+    num_heads = md.get(f"{arch}.attention.head_count")
+    return arch, num_heads, md.get(f"{arch}.attention.head_count_kv") or num_heads
 
 
 def read_gguf_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of the file into an HF-named dict (no cache)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    arch = _field(reader, "general.architecture")
-    num_heads = _field(reader, f"{arch}.attention.head_count")
-    num_kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or num_heads
+    md, tensors = _read_tensors(path)
+    arch, num_heads, num_kv_heads = _head_counts(md)
     out: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
+    for t in tensors:
         hf_name = gguf_to_hf_name(t.name, arch)
         if hf_name is None:
             continue
@@ -128,14 +153,10 @@ def read_gguf_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
 def read_gguf_quantized(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
     """HF-named weights with 2-D quantized tensors left as raw `GGUFWeight` blocks
     (for layers that compute on them); float tensors and 1-D ones as tensors."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    arch = _field(reader, "general.architecture")
-    num_heads = _field(reader, f"{arch}.attention.head_count")
-    num_kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or num_heads
-    for t in reader.tensors:
-        hf_name = gguf_to_hf_name(t.name)
+    md, tensors = _read_tensors(path)
+    arch, num_heads, num_kv_heads = _head_counts(md)
+    for t in tensors:
+        hf_name = gguf_to_hf_name(t.name, arch)
         if hf_name is None:
             continue
         qtype = GGMLQuantizationType(t.tensor_type)
@@ -148,6 +169,8 @@ def read_gguf_quantized(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any
             w = GGUFWeight(torch.from_numpy(raw), qtype, (shape[0], shape[1]))
         else:
             w = gguf_dequant.dequantize(t.data, t.tensor_type, shape)
+            if arch == "gemma3" and hf_name.endswith("norm.weight"):
+                w = w.float() - 1.0  # as in read_gguf_weights
         if arch == "llama" and num_heads and (".q_proj." in hf_name or ".k_proj." in hf_name):
             heads = int(num_heads if ".q_proj." in hf_name else num_kv_heads)
             if isinstance(w, GGUFWeight):  # rows are whole blocks: permute them as bytes

@@ -133,3 +133,19 @@ def test_not_with_parallelism(tiny_llama: Path) -> None:
             model=str(tiny_llama), skip_tokenizer_init=True, **kwargs
         ).create_engine_config()
         assert decode_graph_wanted(cfg, layers).startswith("tensor/pipeline")
+
+
+def test_low_bit_gguf_matches_piecewise(tmp_path: Path) -> None:
+    """GGUF weights computed on low-bit (every matrix Q8_0: int8 kernels), 18
+    requests, so decode steps also take the int8 x int8 path of 16-64 rows."""
+    from gguf_helpers import write_tiny_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(str(path), tie=False, num_layers=2, all_q8_0=True)
+    llm = make_llm(path, decode_graph=True, optimization_level=2, block_size=8, max_model_len=128)
+    assert llm.llm_engine.vllm_config.model_config.quantization == "gguf"
+    graph = decode_graph(llm)
+    prompts = [[(5 * i + 3 * j) % 120 + 1 for j in range(3 + 2 * i)] for i in range(18)]
+    steps = graph.num_steps
+    assert_same(run(llm, True, prompts, n=12), run(llm, False, prompts, n=12))
+    assert graph.num_steps - steps >= 11

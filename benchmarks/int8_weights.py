@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from engine_timing import time_decode_batch
 from random_checkpoint import write_checkpoint
 
 CONFIGS = {"float32": None, "int8_per_channel": "int8_per_channel"}
@@ -31,15 +31,8 @@ def decode_tok_s(engine: Any, batch: int, tokens: int, prompt_len: int, tag: str
     from minivllm.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    for i in range(batch):
-        ids = [(7 * i + j) % 1000 + 10 for j in range(prompt_len)]
-        engine.add_request(f"{tag}-{i}", {"prompt_token_ids": ids}, params)
-    engine.step()  # the prefill
-    start, steps = time.perf_counter(), 0
-    while engine.has_unfinished_requests():
-        engine.step()
-        steps += 1
-    return batch * steps / (time.perf_counter() - start)
+    seconds, steps = time_decode_batch(engine, tag, batch, prompt_len, params)
+    return batch * steps / seconds
 
 
 def weight_mib(engine: Any) -> tuple[float, float]:

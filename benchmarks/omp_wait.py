@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from engine_timing import time_decode_batch
+
 SETTINGS = {
     "PASSIVE (no spin)": {"OMP_WAIT_POLICY": "PASSIVE"},
     "spin 1000 (minivllm default)": {},
@@ -42,15 +44,8 @@ def _worker(level: int, batch: int, seconds: float) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
     def one_batch(tag: str) -> float:
-        for i in range(batch):
-            ids = [(7 * i + j) % 1000 + 10 for j in range(16)]
-            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": ids}, params)
-        engine.step()  # the prefill
-        start, steps = time.perf_counter(), 0
-        while engine.has_unfinished_requests():
-            engine.step()
-            steps += 1
-        return (time.perf_counter() - start) * 1000 / steps
+        seconds, steps = time_decode_batch(engine, tag, batch, 16, params)
+        return seconds * 1000 / steps
 
     one_batch("warmup")
     print("READY", flush=True)

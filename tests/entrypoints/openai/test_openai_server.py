@@ -21,7 +21,12 @@ def offline_greedy(server_process) -> dict[str, str]:  # noqa: ANN001
     """Greedy 16-token outputs of the offline `LLM` (loaded while the server starts)."""
     from minivllm import LLM, SamplingParams
 
-    llm = LLM(num_gpu_blocks_override=512, optimization_level=0, max_model_len=MAX_MODEL_LEN)
+    llm = LLM(
+        num_gpu_blocks_override=512,
+        optimization_level=0,
+        max_model_len=MAX_MODEL_LEN,
+        quantization="none",
+    )
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
     return {o.prompt: o.outputs[0].text for o in outs}
 

@@ -80,16 +80,12 @@ class VllmBackend:
         use_aot_compile: bool = True,
         splitting_ops: list[str] | None = None,
         one_range: bool = False,
-        save_pieces: bool = True,
     ) -> None:
         self.vllm_config = vllm_config
         self.splitting_ops = splitting_ops
         """Ops to split at instead of ``compilation_config.splitting_ops``."""
         self.one_range = one_range
         """Compile every piece once, for any token count (no compile ranges or sizes)."""
-        self.save_pieces = save_pieces
-        """Keep compiled pieces in minivllm's compile cache (Inductor's own caches
-        still apply)."""
         self.compilation_config = vllm_config.compilation_config
         self.prefix = prefix or "model"
         self.is_encoder = is_encoder
@@ -119,7 +115,7 @@ class VllmBackend:
     def _make_compiler(self) -> PieceCompiler:
         cc = self.compilation_config
         cache = None
-        if self.use_inductor and self.save_pieces and not _cache_disabled():
+        if self.use_inductor and not _cache_disabled():
             # Only the model forward's directory is the config's local_cache_dir.
             directory = local_cache_dir(
                 self.vllm_config, self.prefix, record=self.splitting_ops is None

@@ -187,6 +187,8 @@ def _table(block_tables: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def is_float_cache(attn_layers: dict[str, Any]) -> bool:
+    """Whether every layer has a bound, non-fp8 KV cache (the graph's KV write
+    stores values as they are)."""
     return all(
         layer.kv_cache is not None and not is_fp8(layer.kv_cache.dtype)
         for layer in attn_layers.values()

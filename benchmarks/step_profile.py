@@ -111,6 +111,11 @@ def install(timers: Timers, engine: Any) -> None:
     from minivllm.attention.backends.cpu_sdpa import CpuSdpaBackend
     from minivllm.engine.output_processor import OutputProcessor
     from minivllm.model_executor.layers import cpu_gemm
+
+    try:
+        from minivllm.model_executor.kernels import lowbit_cpu
+    except ImportError:  # a --baseline tree from before the kernels
+        lowbit_cpu = None
     from minivllm.sample.metadata import SamplingMetadata
     from minivllm.sample.sampler import Sampler
     from minivllm.scheduler.scheduler import Scheduler
@@ -122,6 +127,9 @@ def install(timers: Timers, engine: Any) -> None:
 
     for name in ("_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm", "_int_mm"):
         timers.wrap(torch, name, gemm_phase)
+    if lowbit_cpu is not None and lowbit_cpu.available():  # minivllm's own kernels
+        for name in ("q4_gemm", "q8_gemm"):
+            timers.wrap(torch.ops.minivllm_cpu, name, gemm_phase)
     timers.wrap(cpu_gemm, "onednn_linear", gemm_phase)
     timers.wrap(F, "linear", gemm_phase)
     timers.wrap(CpuSdpaBackend, "write_kv", "attention")

@@ -144,6 +144,22 @@ def source_hashes(modules: set[str]) -> dict[str, str]:
     return hashes
 
 
+TENSORS_KEY = "<model tensors>"
+"""Entry of the sources file for `tensor_signature`: a trace bakes in the shapes and
+dtypes of the weights it read, which the weights' form (e.g. a low-bit kernel's
+layout) changes without any traced source changing."""
+
+
+def tensor_signature(model: torch.nn.Module) -> str:
+    """sha256 of the name, shape and dtype of every parameter and buffer."""
+    lines = [
+        f"{name}:{tuple(t.shape)}:{t.dtype}"
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+        if t is not None
+    ]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
 class AotForward:
     """The saved forward of one model: `load` it, or `save` a fresh AOT trace.
 
@@ -174,8 +190,10 @@ class AotForward:
         except (OSError, ValueError) as exc:
             logger.warning("unreadable %s (%s); tracing the model again", self.sources_path, exc)
             return None
-        if source_hashes(set(saved)) != saved:
-            logger.info("model source changed since %s was saved; tracing again", self.path)
+        if self._signature(set(saved) - {TENSORS_KEY}) != saved:
+            logger.info(
+                "model source or weights changed since %s was saved; tracing again", self.path
+            )
             return None
         try:
             with open(self.path, "rb") as f, _backend_for_loading(self.backend):
@@ -190,6 +208,9 @@ class AotForward:
         logger.info("loaded the AOT-compiled forward from %s (no Dynamo trace)", self.path)
         return fn
 
+    def _signature(self, modules: set[str]) -> dict[str, str]:
+        return {**source_hashes(modules), TENSORS_KEY: tensor_signature(self.model)}
+
     def save(self, fn: Any) -> None:
         """Write ``fn`` and the hashes of the sources it was traced from."""
         modules = {src.module for src in fn.source_info().inlined_sources}
@@ -198,7 +219,7 @@ class AotForward:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.sources_path.with_suffix(f".tmp{os.getpid()}")
             fn.save_compiled_function(str(self.path), external_data={"model": self.model})
-            tmp.write_text(json.dumps(source_hashes(modules), indent=1))
+            tmp.write_text(json.dumps(self._signature(modules), indent=1))
             os.replace(tmp, self.sources_path)
         except Exception as exc:  # the forward still runs; the next start traces again
             logger.warning("could not save the AOT-compiled forward to %s (%s)", self.path, exc)
@@ -206,4 +227,11 @@ class AotForward:
         compilation_counter.num_aot_saves += 1
 
 
-__all__ = ["AOT_FILE", "AotForward", "CanonicalBackend", "CompiledForward", "source_hashes"]
+__all__ = [
+    "AOT_FILE",
+    "AotForward",
+    "CanonicalBackend",
+    "CompiledForward",
+    "source_hashes",
+    "tensor_signature",
+]

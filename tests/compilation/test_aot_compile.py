@@ -13,7 +13,7 @@ import pytest
 import torch
 from compile_helpers import greedy_tokens, make_llm, start
 
-from minivllm.compilation.aot import AOT_FILE, SOURCES_FILE
+from minivllm.compilation.aot import AOT_FILE, SOURCES_FILE, TENSORS_KEY
 
 INDUCTOR = {"mode": "VLLM_COMPILE", "backend": "inductor"}
 
@@ -70,19 +70,24 @@ def test_second_start_loads_the_trace_and_compiles_nothing(
 
 
 @needs_aot_api
-def test_changed_source_traces_again(
-    one_layer_llama: Path, first_start: dict[str, Any], tmp_path: Path, monkeypatch: Any
+@pytest.mark.parametrize(
+    "entry",
+    # as if llama.py was edited; as if the weights took another form (shape or dtype)
+    ["minivllm.model_executor.models.llama", TENSORS_KEY],
+)
+def test_changed_source_or_weights_trace_again(
+    one_layer_llama: Path, first_start: dict[str, Any], tmp_path: Path, monkeypatch: Any, entry: str
 ) -> None:
     cache_dir = copy_root(first_start, tmp_path, monkeypatch)
     sources_file = cache_dir / SOURCES_FILE
     sources = json.loads(sources_file.read_text())
-    true_hash = sources["minivllm.model_executor.models.llama"]
-    sources["minivllm.model_executor.models.llama"] = "0" * 64  # as if llama.py was edited
+    true_hash = sources[entry]
+    sources[entry] = "0" * 64
     sources_file.write_text(json.dumps(sources))
     llm, counts, _ = start(one_layer_llama, compilation_config=INDUCTOR)
     assert counts["num_dynamo_traces"] == 1 and counts.get("num_aot_loads", 0) == 0
     assert counts["num_aot_saves"] == 1
-    assert json.loads(sources_file.read_text())["minivllm.model_executor.models.llama"] == true_hash
+    assert json.loads(sources_file.read_text())[entry] == true_hash
     assert greedy_tokens(llm) == first_start["eager"]
 
 

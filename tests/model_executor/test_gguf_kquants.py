@@ -100,8 +100,11 @@ def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
         kind, qweight, scales = ql.quantize_parts([w], torch.float32)
         dense = ql.dequantize_weight(kind, qweight, scales)
         if w.qtype in (QT.Q4_0, QT.Q4_1, QT.Q4_K):
-            assert kind == ql.INT4 and qweight.numel() == ref.numel() // 2, w.qtype.name
-            torch.testing.assert_close(dense, ref, rtol=0, atol=1e-6)
+            assert kind == (ql.Q4 if ql.native_kernels() else ql.INT4), w.qtype.name
+            assert qweight.numel() == ref.numel() // 2, w.qtype.name
+            # Q4 keeps float16 scales: exact for Q4_0/Q4_1 (stored so), rounded for Q4_K.
+            atol = 1e-6 if w.qtype != QT.Q4_K else 1e-3 * ref.abs().max().item()
+            torch.testing.assert_close(dense, ref, rtol=0, atol=atol)
         else:
             assert kind == ql.INT8 and qweight.dtype == torch.int8, w.qtype.name
             step = ref.abs().amax(dim=1, keepdim=True) / 127
@@ -111,7 +114,13 @@ def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
         for rows in (1, ql.LOWBIT_MAX_TOKENS + 1, ql.INT4_MAX_TOKENS + 1):
             xs = x.repeat(rows, 1)[:rows]
             got = ql.lowbit_linear(xs, qweight, scales, None, kind)
-            torch.testing.assert_close(got, xs @ dense.T, rtol=1e-4, atol=1e-3)
+            want = xs @ dense.T
+            if kind == ql.Q4 or (kind == ql.INT8 and rows == 1 and ql.native_kernels()):
+                # minivllm's kernels quantize activations to int8; Q4's dense path
+                # for large batches computes in bfloat16.
+                assert (got - want).norm() / want.norm() < 0.02, (w.qtype.name, rows)
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
 
 
 def test_refined_top_logits_are_exact_per_type(weights: list[GGUFWeight]) -> None:

@@ -1,0 +1,1 @@
+"""minivllm's own compiled kernels (C++ built on first use, cached on disk)."""

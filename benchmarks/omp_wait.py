@@ -8,7 +8,7 @@ setting this script times decode steps of the default model in one engine proces
 running alone, and in two engine processes decoding at the same time on the same
 cores (the rival case: a server next to its client, two engines, a busy CI box).
 
-    python benchmarks/omp_wait.py [--level 0] [--seconds 10]
+    python benchmarks/omp_wait.py [--level 0] [--seconds 10] [--spins 10000 30000]
 
 Prints the median milliseconds per decode step at batch 1 and 32 alone, and at
 batch 32 with a rival (mean of the two processes).
@@ -94,11 +94,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--level", type=int, default=0, help="optimization level (-O)")
     parser.add_argument("--seconds", type=float, default=10.0, help="decode time per run")
+    parser.add_argument(
+        "--spins", type=int, nargs="*", default=[], help="more GOMP_SPINCOUNT values to compare"
+    )
     args = parser.parse_args()
+    settings = dict(SETTINGS)
+    settings.update({f"spin {n}": {"GOMP_SPINCOUNT": str(n)} for n in args.spins})
     print(f"ms per decode step, default model, -O{args.level}")
     header = f"{'setting':<32}{'alone b1':>12}{'alone b32':>12}{'rival b32':>12}"
     print(header)
-    for name, setting in SETTINGS.items():
+    for name, setting in settings.items():
         cells = [
             _run(setting, args.level, 1, args.seconds, 1),
             _run(setting, args.level, 32, args.seconds, 1),

@@ -97,6 +97,8 @@ class Timers:
             finally:
                 timers.acc[key] = timers.acc.get(key, 0.0) + time.perf_counter() - t
 
+        if hasattr(fn, "default"):  # an op packet: compiled code calls ``.default``
+            timed.default = timed  # type: ignore[attr-defined]
         setattr(owner, name, timed)
 
     def reset(self) -> None:
@@ -113,7 +115,7 @@ def install(timers: Timers, engine: Any) -> None:
     from minivllm.model_executor.layers import cpu_gemm
 
     try:
-        from minivllm.model_executor.kernels import lowbit_cpu
+        from minivllm.kernels import lowbit_cpu
     except ImportError:  # a --baseline tree from before the kernels
         lowbit_cpu = None
     from minivllm.sample.metadata import SamplingMetadata

@@ -184,7 +184,7 @@ def test_min_p() -> None:
     assert (out[0] > -math.inf).tolist() == [True, True, True, False]
 
 
-def test_exponential_race_follows_distribution() -> None:
+def test_random_sampling_follows_distribution() -> None:
     torch.manual_seed(0)
     probs = torch.tensor([0.5, 0.25, 0.15, 0.1])
     n = 20000

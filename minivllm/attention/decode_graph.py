@@ -26,6 +26,8 @@ import torch
 from minivllm.attention.ops import dequantize_from_cache, quantize_for_cache
 from minivllm.torch_ops import register_op
 
+_NATIVE_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
 
 @dataclass
 class DecodeInputs:
@@ -42,6 +44,10 @@ class DecodeInputs:
     the null block and are masked)."""
     slots: list[torch.Tensor] = field(default_factory=list)
     """Per KV cache group, int64 [B]: the flat slot this step's K/V go to."""
+    native_attention: bool = False
+    """Whether minivllm's C++ kernels are loaded, so `decode_attention` calls
+    ``minivllm_cpu::decode_attention`` (decided before tracing: the check
+    builds the kernels on first use, which Dynamo cannot trace)."""
 
 
 DECODE_INPUTS = DecodeInputs()
@@ -53,13 +59,23 @@ def decode_attention(
     """Write this step's K/V into ``layer.kv_cache`` and return the attention of
     ``query`` [B, nh*hd] over each request's context, [B, nh*hd].
 
-    The query heads that share a KV head are computed together; scores and the
-    softmax are float32 whatever the cache dtype.  Keys a query must not see
-    (past its context, or before its sliding window) get a score of -inf.
+    With minivllm's C++ kernels loaded (`DecodeInputs.native_attention`) and a
+    float32 or bfloat16 cache, one ``minivllm_cpu::decode_attention`` call does
+    both, in place and split over the (request, KV head) pairs: on the default
+    model ~8x faster than Inductor's single-threaded loops for the torch ops
+    below, which serve otherwise.  The query heads that share a KV head are
+    computed together; scores and the softmax are float32 whatever the cache
+    dtype.  Keys a query must not see (past its context, or before its sliding
+    window) get a score of -inf.
     """
     inputs = DECODE_INPUTS
     cache = layer.kv_cache
     group = layer.kv_group
+    if inputs.native_attention and cache.dtype in _NATIVE_CACHE_DTYPES:
+        return torch.ops.minivllm_cpu.decode_attention(
+            query, key, value, cache, inputs.block_tables[group], inputs.seq_lens,
+            inputs.slots[group], layer.scale, layer.sliding_window or 0,
+        )  # fmt: skip
     num_blocks, block_size, nkv, hd = cache.shape[1:]
     b = query.shape[0]
     nh = layer.num_heads
@@ -106,15 +122,24 @@ LAYER_BOUNDARY_OP = "minivllm::decode_layer_boundary"
 _layer_boundary = register_op("decode_layer_boundary", _boundary_impl, _boundary_fake)
 
 
-def decode_layer_boundary(hidden: torch.Tensor) -> torch.Tensor:
-    """Mark the end of a decoder layer in the decode graph's trace (a copy of
-    ``hidden``, ~1 us); elsewhere ``hidden`` itself.
+LAYERS_PER_PIECE = 5
+"""Decoder layers per compiled piece of the decode graph.  Each piece call costs
+~0.1 ms of Python (the split graph, AOTAutograd's and Inductor's wrappers) at
+any batch, so fewer pieces make a faster step; pieces of the same layers are the
+same graph and compile once, but a larger piece compiles longer.  Measured on
+the default model (30 layers, ``benchmarks/decode_graph.py``): see the README."""
 
-    The decode graph is split at these marks, so its pieces are the decoder layers:
-    the middle ones are the same graph with other weights and compile once, where
-    a single whole-model graph takes Inductor minutes to compile.
+
+def decode_layer_boundary(hidden: torch.Tensor, index: int) -> torch.Tensor:
+    """Mark the end of decoder layer ``index`` in the decode graph's trace (a copy
+    of ``hidden``, ~1 us) after every `LAYERS_PER_PIECE` layers; elsewhere
+    ``hidden`` itself.
+
+    The decode graph is split at these marks, so its pieces are runs of decoder
+    layers: the middle ones are the same graph with other weights and compile
+    once, where a single whole-model graph takes Inductor minutes to compile.
     """
-    if DECODE_INPUTS.tracing:
+    if DECODE_INPUTS.tracing and (index + 1) % LAYERS_PER_PIECE == 0:
         return _layer_boundary(hidden)
     return hidden
 

@@ -5,8 +5,9 @@ which gives ``k + 1`` rows of logits.  Row ``t`` goes through the same pipeline 
 the sampler's single row (constraints, penalties over the outputs so far plus the
 drafts before ``t``, temperature, min-p, top-k/top-p), and yields the token the
 target picks at that position: the argmax for greedy requests, and for random ones
-a draw by the exponential race the sampler uses, ``argmax(p / E)`` with
-``E ~ Exp(1)`` per vocabulary entry.  Drafts are accepted while each equals the
+a draw by the exponential race, ``argmax(p / E)`` with ``E ~ Exp(1)`` per
+vocabulary entry (a draw from ``p``, as the sampler's inverse-CDF draw is; the
+race keeps one noise per position that a sampling drafter can share).  Drafts are accepted while each equals the
 target's pick; the pick at the first mismatch (or after the last draft, a bonus
 token) ends the step.
 

@@ -9,11 +9,13 @@ forward of a decode step (every request has exactly one new token, at most
 `DECODE_GRAPH_MAX_SEQS` of them) is traced once more, with attention written in
 torch ops (`minivllm.attention.decode_graph`: KV write in place, the gather
 through the block table fused into the score loop), and compiled by the same
-`VllmBackend`, split only at the end of each decoder layer
-(``minivllm::decode_layer_boundary``): the middle layers are one graph with other
+`VllmBackend`, split only after every ``LAYERS_PER_PIECE`` decoder layers
+(``minivllm::decode_layer_boundary``): the middle pieces are one graph with other
 weights, so compiling costs about what the piecewise forward's does, where one
-whole-model graph took Inductor minutes.  The low-bit GEMMs stay the opaque
-``minivllm::lowbit_linear`` op (it picks its kernel by row count at run time).
+whole-model graph took Inductor minutes.  int4 GEMMs are calls of minivllm's own
+kernel (``minivllm_cpu::q4_gemm``, which takes every row count the graph runs);
+other low-bit GEMMs stay the opaque ``minivllm::lowbit_linear`` op, which picks
+its kernel by row count at run time.
 
 One trace (a batch of 2 with 2 blocks per request, both marked dynamic) serves
 every batch size and context length, and runs without Dynamo's guards, like the
@@ -41,16 +43,20 @@ from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.paged_kv import is_fp8
 from minivllm.compilation.backend import VllmBackend
 from minivllm.config.compilation.modes import CompilationMode
+from minivllm.kernels import lowbit_cpu
 from minivllm.logger import init_logger
+from minivllm.model_executor.layers.quantized_linear import Q4_MAX_TOKENS
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
 
 logger = init_logger(__name__)
 
-DECODE_GRAPH_MAX_SEQS = 64
-"""Most requests a decode-graph step takes; its attention computes every request
-over the longest context of the batch (masked), which suits small batches."""
+DECODE_GRAPH_MAX_SEQS = Q4_MAX_TOKENS
+"""Most requests a decode-graph step takes (64); its attention computes every request
+over the longest context of the batch (masked), which suits small batches.  The
+most rows minivllm's int4 kernel takes, so the graph calls that kernel directly
+(`minivllm.model_executor.layers.quantized_linear.lowbit_linear`)."""
 
 _MIN_BLOCKS = 2
 """Block-table width is padded to at least this: Dynamo fixes a dimension that
@@ -120,6 +126,7 @@ class CpuDecodeGraph:
         dynamic, and writes only to the null block (block 0)."""
         self.num_groups = num_groups
         start = time.perf_counter()
+        DECODE_INPUTS.native_attention = lowbit_cpu.available()
         b = 2
         ids = torch.zeros(b, dtype=torch.long)
         pos = torch.zeros(b, dtype=torch.long)

@@ -34,7 +34,7 @@ from minivllm.model_executor.loader import load_model
 from minivllm.sample.logprobs import compute_prompt_logprobs
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.rejection_sampler import verify
-from minivllm.sample.sampler import Sampler
+from minivllm.sample.sampler import Sampler, draw_uniform
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.structured_output.bitmask import GrammarBitmask, accept_tokens
 from minivllm.worker.forward_runner import ForwardRunner
@@ -197,9 +197,8 @@ class ModelRunner:
         """A request rebuilt after preemption continues its seeded random stream."""
         if state.generator is None or not state.output_token_ids or self.spec is not None:
             return  # speculative decoding keys a seeded request's draws by position
-        scratch = torch.empty(self.vocab_size, device=self.device)
         for _ in state.output_token_ids:
-            scratch.exponential_(generator=state.generator)
+            draw_uniform(state.generator, self.device)
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:

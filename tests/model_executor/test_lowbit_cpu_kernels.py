@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.model_executor.kernels import lowbit_cpu
+from minivllm.kernels import lowbit_cpu
 
 pytestmark = pytest.mark.skipif(not lowbit_cpu.available(), reason="no C++ compiler here")
 

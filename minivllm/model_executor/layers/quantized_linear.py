@@ -1,6 +1,6 @@
 """Weight-only low-bit linear maps on CPU: GGUF weights computed on quantized.
 
-minivllm's own kernels (`minivllm.model_executor.kernels.lowbit_cpu`, C++ built on
+minivllm's own kernels (`minivllm.kernels.lowbit_cpu`, C++ built on
 first use) run batches of up to `Q4_MAX_TOKENS` rows: int4 weights in the ``Q4``
 form (codes tiled 16 rows at a time, float16 scale and min per 32 inputs: the
 file's bytes, re-laid) and int8 weights below 16 rows, both as integer dot
@@ -47,7 +47,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.model_executor.kernels import lowbit_cpu
+from minivllm.attention.decode_graph import DECODE_INPUTS
+from minivllm.kernels import lowbit_cpu
 from minivllm.model_executor.layers.gguf_blocks import (
     INT4_TYPES,
     GGUFWeight,
@@ -219,7 +220,28 @@ lowbit_linear_op = register_op("lowbit_linear", lowbit_linear_impl, _lowbit_line
 """``minivllm::lowbit_linear``: opaque to Dynamo/Inductor (it picks a path per row count)."""
 
 
-lowbit_linear = eager_or_op(lowbit_linear_op, lowbit_linear_impl)
+def lowbit_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    kind: int,
+) -> torch.Tensor:
+    """`lowbit_linear_impl` in eager mode; while Dynamo traces, the opaque
+    ``minivllm::lowbit_linear`` op, which picks its kernel by row count at run
+    time.  The CPU decode graph (at most `Q4_MAX_TOKENS` rows: always the q4
+    kernel) calls ``minivllm_cpu::q4_gemm`` itself instead, which saves the
+    Python dispatch of the op, ~20 us a call, 120 calls a step on the default
+    model."""
+    if not torch.compiler.is_compiling():
+        return lowbit_linear_impl(x, qweight, scales, bias, kind)
+    if kind == Q4 and DECODE_INPUTS.tracing:
+        out = torch.ops.minivllm_cpu.q4_gemm(x.reshape(-1, x.shape[-1]), qweight, scales)
+        out = out.to(x.dtype)
+        if bias is not None:
+            out = out + bias
+        return out.view(*x.shape[:-1], out.shape[-1])
+    return lowbit_linear_op(x, qweight, scales, bias, kind)
 
 
 INT_MM_MIN_TOKENS = 8

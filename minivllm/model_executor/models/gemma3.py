@@ -178,8 +178,8 @@ class Gemma3Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * self.normalizer.to(hidden.dtype)
-        for layer in self.layers:
-            hidden = decode_layer_boundary(layer(positions, hidden))
+        for i, layer in enumerate(self.layers):
+            hidden = decode_layer_boundary(layer(positions, hidden), i)
         return self.norm(hidden)
 
 

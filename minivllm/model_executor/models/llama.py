@@ -200,9 +200,9 @@ class LlamaModel(nn.Module):
             width, dtype = self.norm.weight.shape[0], self.norm.weight.dtype
             hidden = pp.recv(input_ids, width, dtype, pp.prev_rank)
         residual = None
-        for layer in self.layers[self.start_layer : self.end_layer]:
+        for i, layer in enumerate(self.layers[self.start_layer : self.end_layer]):
             hidden, residual = layer(positions, hidden, residual)
-            hidden = decode_layer_boundary(hidden)
+            hidden = decode_layer_boundary(hidden, i)
         if not pp.is_last_rank:
             stream = hidden if residual is None else hidden + residual
             return pp.send(stream, pp.next_rank)

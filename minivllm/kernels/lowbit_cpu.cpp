@@ -149,10 +149,12 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group)
   return r;
 }
 
-// Adds the two rows of each token: [2 M, N] -> [M, N].
-at::Tensor add_term_rows(const at::Tensor& both) {
-  const int64_t N = both.size(1);
-  return both.view({-1, 2, N}).sum(1);
+// The kernels below walk the 2 M rows of `QuantizedRows` and write token
+// m = row / 2 of the [M, N] output: an even row stores its result, the odd row
+// after it adds its own, so each output is (x's term) + (the rest's term).
+inline void put_term(float* dst, float v, int64_t row) {
+  if (row & 1) *dst += v;
+  else *dst = v;
 }
 
 // ---------------------------------------------------------------------------
@@ -192,14 +194,17 @@ void q4_tile_portable(const Q4Args& p, int64_t tile) {
       for (int r = 0; r < kRowTile; ++r)
         acc[r] += static_cast<float>(s[r]) * xs * dot[r] + static_cast<float>(s[kRowTile + r]) * xsum;
     }
-    std::memcpy(p.out + m * p.N + tile * kRowTile, acc, sizeof(acc));
+    float* dst = p.out + (m / 2) * p.N + tile * kRowTile;
+    for (int r = 0; r < kRowTile; ++r) put_term(dst + r, acc[r], m);
   }
 }
 
 #if defined(__x86_64__)
-// NT tokens (a compile-time count, so every accumulator stays in a register).
-// Each group's dot products run as two independent chains (low and high
-// nibbles), and groups do not depend on each other, so the core overlaps them.
+// NT rows (a compile-time count, even: whole tokens, so every accumulator stays
+// in a register).  Each group's dot products run as two independent chains (low
+// and high nibbles), and groups do not depend on each other, so the core
+// overlaps them.  Odd rows (what the first term's rounding left) have a group
+// sum of 0, so only even rows carry the mins.
 template <int NT>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void q4_tile_avx512_nt(const uint8_t* __restrict w, const c10::Half* __restrict sm,
@@ -231,10 +236,11 @@ void q4_tile_avx512_nt(const uint8_t* __restrict w, const c10::Half* __restrict 
       const int64_t i = t * groups + g;
       const __m512 ws = _mm512_mul_ps(scale, _mm512_set1_ps(xscale[i]));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), ws, acc[t]);
-      accm[t] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[i]), accm[t]);
+      if (t % 2 == 0) accm[t] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[i]), accm[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + t * N, _mm512_add_ps(acc[t], accm[t]));
+  for (int t = 0; t < NT; t += 2)
+    _mm512_storeu_ps(out + (t / 2) * N, _mm512_add_ps(_mm512_add_ps(acc[t], accm[t]), acc[t + 1]));
 }
 
 void q4_tile_avx512(const Q4Args& p, int64_t tile) {
@@ -246,13 +252,9 @@ void q4_tile_avx512(const Q4Args& p, int64_t tile) {
     const int8_t* xq = p.a->q.data() + m * p.K;
     const float* xs = p.a->scale.data() + m * groups;
     const float* xsum = p.a->sum.data() + m * groups;
-    float* out = p.out + m * p.N + tile * kRowTile;
-    switch (nt) {
-      case 1: q4_tile_avx512_nt<1>(w, sm, xq, xs, xsum, out, p.K, p.N); break;
-      case 2: q4_tile_avx512_nt<2>(w, sm, xq, xs, xsum, out, p.K, p.N); break;
-      case 3: q4_tile_avx512_nt<3>(w, sm, xq, xs, xsum, out, p.K, p.N); break;
-      default: q4_tile_avx512_nt<4>(w, sm, xq, xs, xsum, out, p.K, p.N); break;
-    }
+    float* out = p.out + (m / 2) * p.N + tile * kRowTile;
+    if (nt == 2) q4_tile_avx512_nt<2>(w, sm, xq, xs, xsum, out, p.K, p.N);
+    else q4_tile_avx512_nt<4>(w, sm, xq, xs, xsum, out, p.K, p.N);  // rows come in pairs
   }
 }
 
@@ -299,8 +301,11 @@ void q4_tile_avx2(const Q4Args& p, int64_t tile) {
         acc[h] = _mm256_fmadd_ps(mins, xsum, acc[h]);
       }
     }
-    _mm256_storeu_ps(p.out + m * p.N + tile * kRowTile, acc[0]);
-    _mm256_storeu_ps(p.out + m * p.N + tile * kRowTile + 8, acc[1]);
+    float* dst = p.out + (m / 2) * p.N + tile * kRowTile;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 v = (m & 1) ? _mm256_add_ps(_mm256_loadu_ps(dst + 8 * h), acc[h]) : acc[h];
+      _mm256_storeu_ps(dst + 8 * h, v);
+    }
   }
 }
 #endif
@@ -332,7 +337,7 @@ void q8_rows_portable(const Q8Args& p, int64_t r0, int64_t r1) {
         for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; ++i) dot += w[i] * xq[i];
         acc += dot * p.a->scale[m * groups + g];
       }
-      p.out[m * p.N + n] = acc * p.row_scale[n];
+      put_term(p.out + (m / 2) * p.N + n, acc * p.row_scale[n], m);
     }
   }
 }
@@ -366,8 +371,9 @@ void q8_block_avx512(const int8_t* __restrict w, const int8_t* __restrict xq,
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t)
-      out[t * N + r] = (_mm512_reduce_add_ps(acc[r][t]) - bias_fix[t]) * row_scale[r];
+    for (int t = 0; t < NT; t += 2)  // rows in pairs: one token's two terms
+      out[(t / 2) * N + r] = (_mm512_reduce_add_ps(acc[r][t]) - bias_fix[t]) * row_scale[r] +
+                             (_mm512_reduce_add_ps(acc[r][t + 1]) - bias_fix[t + 1]) * row_scale[r];
 }
 
 template <int NR>
@@ -379,14 +385,10 @@ void q8_rows_avx512_nr(const Q8Args& p, int64_t n) {
     const int8_t* xq = p.a->q.data() + m * p.K;
     const float* xs = p.a->scale.data() + m * groups;
     const float* fix = p.bias_fix.data() + m;
-    float* out = p.out + m * p.N + n;
+    float* out = p.out + (m / 2) * p.N + n;
     const float* rs = p.row_scale + n;
-    switch (nt) {
-      case 1: q8_block_avx512<1, NR>(w, xq, xs, fix, rs, out, p.K, p.N); break;
-      case 2: q8_block_avx512<2, NR>(w, xq, xs, fix, rs, out, p.K, p.N); break;
-      case 3: q8_block_avx512<3, NR>(w, xq, xs, fix, rs, out, p.K, p.N); break;
-      default: q8_block_avx512<4, NR>(w, xq, xs, fix, rs, out, p.K, p.N); break;
-    }
+    if (nt == 2) q8_block_avx512<2, NR>(w, xq, xs, fix, rs, out, p.K, p.N);
+    else q8_block_avx512<4, NR>(w, xq, xs, fix, rs, out, p.K, p.N);  // rows come in pairs
   }
 }
 
@@ -419,7 +421,7 @@ void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
       __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
       s = _mm_hadd_ps(s, s);
       s = _mm_hadd_ps(s, s);
-      p.out[m * p.N + n] = _mm_cvtss_f32(s) * p.row_scale[n];
+      put_term(p.out + (m / 2) * p.N + n, _mm_cvtss_f32(s) * p.row_scale[n], m);
     }
   }
 }
@@ -440,7 +442,7 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   const int64_t N = qweight.numel() * 2 / K;
   TORCH_CHECK(N % kRowTile == 0 && scales.numel() == N * (K / kQ4Group) * 2,
               "q4_gemm: weight and scales do not match the inputs");
-  at::Tensor out = at::empty({2 * M, N}, xf.options());
+  at::Tensor out = at::empty({M, N}, xf.options());
   const QuantizedRows a = quantize_rows(xf.data_ptr<float>(), M, K, kQ4Group);
   Q4Args p{qweight.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(), &a, out.data_ptr<float>(),
            2 * M, K, N};
@@ -454,7 +456,7 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
       q4_tile_portable(p, t);
     }
   });
-  return add_term_rows(out);
+  return out;
 }
 
 // out[M, N] = x[M, K] @ (W * row_scale[:, None]).T for row-major int8 W [N, K].
@@ -468,7 +470,7 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   const int64_t N = qweight.size(0);
   const at::Tensor rs = row_scale.to(at::kFloat).contiguous();
   TORCH_CHECK(rs.numel() == N, "q8_gemm: one scale per output row");
-  at::Tensor out = at::empty({2 * M, N}, xf.options());
+  at::Tensor out = at::empty({M, N}, xf.options());
   const QuantizedRows a = quantize_rows(xf.data_ptr<float>(), M, K, kQ8Group);
   Q8Args p{qweight.data_ptr<int8_t>(), rs.data_ptr<float>(), &a, out.data_ptr<float>(),
            2 * M, K, N, {}};
@@ -485,7 +487,7 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
 #endif
     q8_rows_portable(p, r0, r1);
   });
-  return add_term_rows(out);
+  return out;
 }
 
 // The dense [N, K] weight of a q4-tiled one, in `dtype` (large batches and tests).

@@ -1,6 +1,8 @@
-"""Building and loading ``lowbit_cpu.cpp``: the ``minivllm_cpu`` torch ops.
+"""Building and loading minivllm's C++ CPU kernels: the ``minivllm_cpu`` torch ops.
 
-The source is compiled once per machine, torch version and source text with the
+The sources (``lowbit_cpu.cpp``: low-bit GEMMs; ``decode_attention_cpu.cpp``: the
+decode graph's paged attention) are compiled into one library once per machine,
+torch version and source text with the
 system C++ compiler (the one torch.compile's CPU backend already needs) into
 ``<cache root>/kernels``, then loaded with ``torch.ops.load_library``; later
 processes load the cached library in milliseconds.  No compiler, or a failed
@@ -16,7 +18,10 @@ Ops (all CPU, float32 out):
   scale per output row;
 - ``q4_dequantize(qweight, scales, K, dtype)``: the dense weight of a tiled one;
 - ``lowbit_isa(force)``: the code path in use (0 portable C++, 1 AVX2,
-  2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests).
+  2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests);
+- ``decode_attention(query, key, value, cache, block_table, seq_lens, slots,
+  scale, window)``: writes one decode step's K/V into the paged ``cache`` in
+  place and returns the step's attention (`minivllm.attention.decode_graph`).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-SOURCE = Path(__file__).with_name("lowbit_cpu.cpp")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("lowbit_cpu.cpp", "decode_attention_cpu.cpp"))
 ROW_TILE = 16
 """Output rows per q4 tile (the kernels' register width in int32 lanes)."""
 Q4_GROUP = 32
@@ -70,9 +75,8 @@ def _compile_flags() -> list[str]:
 
 
 def _library_path() -> Path:
-    key = hashlib.sha256(
-        SOURCE.read_bytes() + torch.__version__.encode() + sys.version.encode()
-    ).hexdigest()[:16]
+    text = b"".join(src.read_bytes() for src in SOURCES)
+    key = hashlib.sha256(text + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
     return cache_root() / "kernels" / f"lowbit_cpu-{key}.so"
 
 
@@ -84,12 +88,12 @@ def _build(target: Path) -> None:
     # Build beside the target and rename: concurrent processes never load a half file.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [compiler, str(SOURCE), "-o", tmp, *_compile_flags()]
+    cmd = [compiler, *map(str, SOURCES), "-o", tmp, *_compile_flags()]
     logger.info("Building minivllm's CPU low-bit kernels (once per machine)...")
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         os.unlink(tmp)
-        raise RuntimeError(f"compiling {SOURCE.name} failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"compiling minivllm's CPU kernels failed:\n{done.stderr[-2000:]}")
     os.replace(tmp, target)
 
 
@@ -101,8 +105,12 @@ def _register_fakes() -> None:
     def q8_fake(x: torch.Tensor, qweight: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], qweight.shape[0], dtype=torch.float32)
 
+    def attention_fake(query: torch.Tensor, *args: object) -> torch.Tensor:
+        return torch.empty_like(query)
+
     torch.library.register_fake("minivllm_cpu::q4_gemm", q4_fake)
     torch.library.register_fake("minivllm_cpu::q8_gemm", q8_fake)
+    torch.library.register_fake("minivllm_cpu::decode_attention", attention_fake)
 
 
 def available() -> bool:

@@ -1,0 +1,64 @@
+"""minivllm's C++ decode attention (``minivllm_cpu::decode_attention``) against the
+torch-op form of `decode_attention` it replaces in the CPU decode graph."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from minivllm.attention.decode_graph import DECODE_INPUTS, decode_attention
+from minivllm.kernels import lowbit_cpu
+
+pytestmark = pytest.mark.skipif(not lowbit_cpu.available(), reason="no C++ compiler here")
+
+BLOCK, BLOCKS, NKV, NH = 4, 64, 2, 6
+
+
+def _layer(dtype: torch.dtype, window: int | None, hd: int) -> SimpleNamespace:
+    gen = torch.Generator().manual_seed(1)
+    cache = torch.randn(2, BLOCKS, BLOCK, NKV, hd, generator=gen).to(dtype)
+    one = torch.ones(())
+    return SimpleNamespace(
+        kv_cache=cache, kv_group=0, num_heads=NH, scale=hd**-0.5, sliding_window=window,
+        k_scale=one, v_scale=one,
+    )  # fmt: skip
+
+
+def _run(layer: SimpleNamespace, native: bool, lens: list[int]) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(2)
+    b, hd = len(lens), layer.kv_cache.shape[-1]
+    query = torch.randn(b, NH * hd, generator=gen)
+    key = torch.randn(b, NKV * hd, generator=gen)
+    value = torch.randn(b, NKV * hd, generator=gen)
+    # Request i owns blocks 1 + 5 i ..., shuffled so the table is not the identity.
+    width = 5
+    table = torch.stack([torch.randperm(width, generator=gen) + 1 + width * i for i in range(b)])
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    last = seq_lens.long() - 1
+    slots = table.gather(1, (last // BLOCK)[:, None]).squeeze(1).long() * BLOCK + last % BLOCK
+    inputs = DECODE_INPUTS
+    saved = (inputs.native_attention, inputs.seq_lens, inputs.block_tables, inputs.slots)
+    inputs.native_attention, inputs.seq_lens = native, seq_lens
+    inputs.block_tables, inputs.slots = [table.to(torch.int32)], [slots]
+    try:
+        return decode_attention(layer, query, key, value)
+    finally:
+        inputs.native_attention, inputs.seq_lens, inputs.block_tables, inputs.slots = saved
+
+
+# Head size 16: the AVX-512 form where the CPU has it; 24: the plain C++ loops.
+@pytest.mark.parametrize("hd", [16, 24])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("lens", [[1], [7, 20, 13], [3, 1, 19, 17, 9, 2, 11, 16, 8, 5]])
+def test_native_decode_attention_matches_torch_ops(
+    hd: int, dtype: torch.dtype, window: int | None, lens: list[int]
+) -> None:
+    ref_layer, native_layer = _layer(dtype, window, hd), _layer(dtype, window, hd)
+    want = _run(ref_layer, False, lens)
+    got = _run(native_layer, True, lens)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # The step's K/V rows were written in place, exactly as the torch ops write them.
+    assert torch.equal(native_layer.kv_cache, ref_layer.kv_cache)

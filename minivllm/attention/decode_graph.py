@@ -61,9 +61,9 @@ def decode_attention(
 
     With minivllm's C++ kernels loaded (`DecodeInputs.native_attention`) and a
     float32 or bfloat16 cache, one ``minivllm_cpu::decode_attention`` call does
-    both, in place and split over the (request, KV head) pairs: on the default
-    model ~8x faster than Inductor's single-threaded loops for the torch ops
-    below, which serve otherwise.  The query heads that share a KV head are
+    both, in place and split over the (request, KV head) pairs over the threads
+    (Inductor runs the torch ops below, which serve otherwise, as loops on one
+    thread on a small machine).  The query heads that share a KV head are
     computed together; scores and the softmax are float32 whatever the cache
     dtype.  Keys a query must not see (past its context, or before its sliding
     window) get a score of -inf.

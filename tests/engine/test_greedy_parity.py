@@ -93,10 +93,15 @@ def test_batched_greedy_equals_hf(
     assert _hf_argmax_agrees(hf_model, prompt_ids, batched_tokens) == [-1] * len(PROMPTS)
 
 
+ALONE = (0, 4, 5)
+"""The prompts run alone: the shortest, the chat-formatted one and the longest
+(each alone costs 64 decode steps on the float32 path, ~5 s)."""
+
+
 def test_alone_equals_batched(plain_llm: LLM, batched_tokens: list[list[int]]) -> None:
-    for prompt, expected in zip(PROMPTS, batched_tokens, strict=True):
-        out = plain_llm.generate(prompt, GREEDY, use_tqdm=False)[0]
-        assert list(out.outputs[0].token_ids) == expected, prompt
+    for i in ALONE:
+        out = plain_llm.generate(PROMPTS[i], GREEDY, use_tqdm=False)[0]
+        assert list(out.outputs[0].token_ids) == batched_tokens[i], PROMPTS[i]
 
 
 def test_chunked_prefill_and_prefix_hit_equal_batched(batched_tokens: list[list[int]]) -> None:

@@ -195,6 +195,11 @@ def lowbit_linear_impl(
             out = torch._weight_int4pack_mm_for_cpu(flat.contiguous(), qweight, GROUP, scales)
         else:
             out = torch._weight_int8pack_mm(flat.contiguous(), qweight, scales)
+    return _as_output(out, x, bias)
+
+
+def _as_output(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The ``[rows, out]`` GEMM result in ``x``'s dtype and leading shape, plus ``bias``."""
     out = out.to(x.dtype)
     if bias is not None:
         out = out + bias
@@ -237,10 +242,7 @@ def lowbit_linear(
         return lowbit_linear_impl(x, qweight, scales, bias, kind)
     if kind == Q4 and DECODE_INPUTS.tracing:
         out = torch.ops.minivllm_cpu.q4_gemm(x.reshape(-1, x.shape[-1]), qweight, scales)
-        out = out.to(x.dtype)
-        if bias is not None:
-            out = out + bias
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return _as_output(out, x, bias)
     return lowbit_linear_op(x, qweight, scales, bias, kind)
 
 

@@ -8,9 +8,9 @@
 // per KV head.  Scores, softmax and sums are float32 whatever the cache dtype
 // (float32 or bfloat16).
 //
-// Work is split over (request, KV head) pairs with ATen's thread pool; a batch
-// with few pairs runs on the calling thread (waking the pool costs more than
-// the work).  On AVX-512 CPUs (head size a multiple of 16) the inner loops are
+// Work is split over (request, KV head) pairs with ATen's thread pool (even 3
+// pairs: one request of the default model measured faster on both threads than
+// on one).  On AVX-512 CPUs (head size a multiple of 16) the inner loops are
 // intrinsics; elsewhere plain C++ built for AVX-512, AVX2 and baseline x86-64,
 // picked at load by the CPU (`target_clones`).
 

@@ -46,3 +46,12 @@ def use_aot_compile() -> bool:
     """``MINIVLLM_USE_AOT_COMPILE`` (default on): save VLLM_COMPILE's Dynamo trace with
     the compile cache and load it on later starts instead of tracing again."""
     return _flag("MINIVLLM_USE_AOT_COMPILE", default=True)
+
+
+def cpu_fused_layers() -> bool:
+    """``MINIVLLM_CPU_FUSED_LAYERS`` (default on): the CPU decode graph runs each
+    eligible decoder layer as one ``minivllm_cpu::decoder_layer`` call (all of
+    them as one ``decoder_stack`` call where every layer is eligible:
+    `minivllm.model_executor.layers.fused_decoder_layer`); 0 traces the layers'
+    own ops instead (same results up to float rounding)."""
+    return _flag("MINIVLLM_CPU_FUSED_LAYERS", default=True)

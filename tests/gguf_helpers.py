@@ -26,9 +26,16 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def write_tiny_gguf(path: str, tie: bool, num_layers: int = 2, all_q8_0: bool = False) -> None:
+def write_tiny_gguf(
+    path: str,
+    tie: bool,
+    num_layers: int = 2,
+    all_q8_0: bool = False,
+    layer_type: QT | None = None,
+) -> None:
     """A random llama in GGUF: Q8_0 MLP, F16 attention/embedding, F32 norms
-    (``all_q8_0``: every matrix Q8_0, the embedding and LM head too)."""
+    (``all_q8_0``: every matrix Q8_0, the embedding and LM head too;
+    ``layer_type``: every decoder-layer matrix of that type, e.g. Q4_1)."""
     torch.manual_seed(0)
     cfg = LlamaConfig(
         hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers,
@@ -63,6 +70,9 @@ def write_tiny_gguf(path: str, tie: bool, num_layers: int = 2, all_q8_0: bool = 
             value = llama_cpp_permute(value, KV_HEADS)
         if value.ndim == 1:
             w.add_tensor(g + ".weight", value.astype(np.float32))
+        elif layer_type is not None and g.startswith("blk."):
+            quant = gguf.quants.quantize(value.astype(np.float32), layer_type)
+            w.add_tensor(g + ".weight", quant, raw_dtype=layer_type)
         elif "ffn" in g or all_q8_0:
             quant = gguf.quants.quantize(value.astype(np.float32), QT.Q8_0)
             w.add_tensor(g + ".weight", quant, raw_dtype=QT.Q8_0)

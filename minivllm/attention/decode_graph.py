@@ -130,7 +130,7 @@ same graph and compile once, but a larger piece compiles longer.  Measured on
 the default model (30 layers, ``benchmarks/decode_graph.py``): see the README."""
 
 
-def decode_layer_boundary(hidden: torch.Tensor, index: int) -> torch.Tensor:
+def decode_layer_boundary(hidden: torch.Tensor, index: int, fused: bool = False) -> torch.Tensor:
     """Mark the end of decoder layer ``index`` in the decode graph's trace (a copy
     of ``hidden``, ~1 us) after every `LAYERS_PER_PIECE` layers; elsewhere
     ``hidden`` itself.
@@ -138,8 +138,11 @@ def decode_layer_boundary(hidden: torch.Tensor, index: int) -> torch.Tensor:
     The decode graph is split at these marks, so its pieces are runs of decoder
     layers: the middle ones are the same graph with other weights and compile
     once, where a single whole-model graph takes Inductor minutes to compile.
+    A ``fused`` layer (one ``minivllm_cpu::decoder_layer`` call) adds no mark:
+    there is nothing for Inductor to compile in it, so a model whose layers all
+    fuse is one piece, and its step pays one piece call instead of one per run.
     """
-    if DECODE_INPUTS.tracing and (index + 1) % LAYERS_PER_PIECE == 0:
+    if DECODE_INPUTS.tracing and not fused and (index + 1) % LAYERS_PER_PIECE == 0:
         return _layer_boundary(hidden)
     return hidden
 

@@ -1,431 +1,12 @@
-// Low-bit GEMMs for a few rows of activations on x86 CPUs (minivllm's own kernels).
-//
-// Decoding one token reads every weight once, so a decode step is as fast as
-// the weights are small and read at memory speed.  These kernels read GGUF
-// weights in (close to) their file size and compute on integers:
-//
-// * activations are quantized per group (32 or 64 values) to int8, with one
-//   float scale per group, as llama.cpp does for its dot products;
-// * int4 weights ("q4", from Q4_0 / Q4_1 / Q4_K) are unsigned codes 0..15 with a
-//   float16 scale and min per 32 inputs, tiled 16 output rows at a time so one
-//   512-bit register holds 16 rows x 4 inputs and `vpdpbusd` (u8 x s8 -> s32)
-//   gives each row its own lane: no horizontal sums;
-// * int8 weights ("q8") are plain row-major int8 with one scale per output row
-//   (the layout torch's `_int_mm` and `_weight_int8pack_mm` also read).
-//
-// Three code paths, picked once at load from the CPU (or forced, for tests):
-// AVX-512 VNNI, AVX2 (`vpmaddubsw` + `vpmaddwd`) and portable C++.  Work is
-// split over output rows with ATen's thread pool.
+// The ``minivllm_cpu`` low-bit GEMM ops: torch wrappers around lowbit_kernels.h
+// (the kernels, their weight layouts and code paths are described there).
 
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
+#include "lowbit_kernels.h"
+
 #include <ATen/ops/empty.h>
-#include <c10/util/Half.h>
-#include <immintrin.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
 namespace {
-
-constexpr int kRowTile = 16;   // q4: output rows per tile
-constexpr int kQ4Group = 32;   // q4: inputs per scale / min
-constexpr int kQ8Group = 64;   // q8: inputs per activation scale
-constexpr int kTokTile = 4;    // tokens computed together (weights unpacked once)
-
-enum Isa : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
-
-int64_t detect_isa() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vnni"))
-    return kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
-    return kAvx2;
-#endif
-  return kPortable;
-}
-
-const int64_t kBestIsa = detect_isa();
-int64_t g_isa = kBestIsa;
-
-// Activations of M tokens quantized per `group` inputs: int8 codes, the float
-// scale of each group, and (q4) the exact float sum of each group's inputs,
-// which the weights' mins multiply.
-struct QuantizedRows {
-  std::vector<int8_t> q;      // [M, K]
-  std::vector<float> scale;   // [M, K / group]
-  std::vector<float> sum;     // [M, K / group]
-  std::vector<int32_t> qsum;  // [M, K / group]: sum of the codes
-};
-
-struct GroupStats {
-  float scale, sum;
-  int32_t qsum;
-};
-
-// One group: codes round(x / scale) (to nearest, ties to even, like torch.round)
-// with scale = max |x| / 127.
-GroupStats quantize_group_portable(const float* src, int64_t n, int8_t* dst) {
-  float amax = 0.f, sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) {
-    amax = std::max(amax, std::fabs(src[i]));
-    sum += src[i];
-  }
-  const float scale = amax / 127.f;
-  const float inv = scale > 0.f ? 1.f / scale : 0.f;
-  int32_t qsum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int v = static_cast<int>(std::lrintf(src[i] * inv));
-    dst[i] = static_cast<int8_t>(v);
-    qsum += v;
-  }
-  return {scale, sum, qsum};
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx512f,avx512bw")))
-GroupStats quantize_group_avx512(const float* src, int64_t n, int8_t* dst) {
-  __m512 amax = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(src + i);
-    amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-    sum = _mm512_add_ps(sum, v);
-  }
-  const float scale = _mm512_reduce_max_ps(amax) / 127.f;
-  const __m512 inv = _mm512_set1_ps(scale > 0.f ? 1.f / scale : 0.f);
-  __m512i qsum = _mm512_setzero_si512();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + i), inv));
-    qsum = _mm512_add_epi32(qsum, q);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm512_cvtsepi32_epi8(q));
-  }
-  return {scale, _mm512_reduce_add_ps(sum), _mm512_reduce_add_epi32(qsum)};
-}
-#endif
-
-GroupStats quantize_group(const float* src, int64_t n, int8_t* dst) {
-#if defined(__x86_64__)
-  if (g_isa == kAvx512) return quantize_group_avx512(src, n, dst);
-#endif
-  return quantize_group_portable(src, n, dst);
-}
-
-// Each token becomes two rows of codes: row 2 m quantizes x, row 2 m + 1 what
-// that rounding left (x - codes * scale), so together they carry x to about
-// 1/127 of one int8 quantization's error (one term alone lost ~7% top-1
-// agreement on the default model: a few large inputs set each group's scale).
-// The second row's sums are 0, so the q4 mins count the exact sum once.
-QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, int64_t group) {
-  QuantizedRows r;
-  const int64_t groups = K / group;
-  r.q.resize(2 * M * K);
-  r.scale.assign(2 * M * groups, 0.f);
-  r.sum.assign(2 * M * groups, 0.f);
-  r.qsum.assign(2 * M * groups, 0);
-  std::vector<float> rest(group);
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* src = x + m * K + g * group;
-      int8_t* hi = r.q.data() + 2 * m * K + g * group;
-      int8_t* lo = hi + K;
-      const GroupStats a = quantize_group(src, group, hi);
-      for (int64_t i = 0; i < group; ++i) rest[i] = src[i] - hi[i] * a.scale;
-      const GroupStats b = quantize_group(rest.data(), group, lo);
-      const int64_t i = 2 * m * groups + g;
-      r.scale[i] = a.scale;
-      r.sum[i] = a.sum;
-      r.qsum[i] = a.qsum;
-      r.scale[i + groups] = b.scale;
-      r.qsum[i + groups] = b.qsum;
-    }
-  }
-  return r;
-}
-
-// The kernels below walk the 2 M rows of `QuantizedRows` and write token
-// m = row / 2 of the [M, N] output: an even row stores its result, the odd row
-// after it adds its own, so each output is (x's term) + (the rest's term).
-inline void put_term(float* dst, float v, int64_t row) {
-  if (row & 1) *dst += v;
-  else *dst = v;
-}
-
-// ---------------------------------------------------------------------------
-// q4: weight tile layout.  For output rows [16 t, 16 t + 16) and inputs
-// [8 c, 8 c + 8), 64 bytes: byte 4 r + j holds row r's code for input 8 c + j in
-// its low nibble and for input 8 c + 4 + j in its high nibble.  Scales: for each
-// tile and group of 32 inputs, 16 float16 scales then 16 float16 mins.
-
-struct Q4Args {
-  const uint8_t* w;
-  const c10::Half* sm;
-  const QuantizedRows* a;
-  float* out;
-  int64_t M, K, N;
-};
-
-void q4_tile_portable(const Q4Args& p, int64_t tile) {
-  const int64_t groups = p.K / kQ4Group;
-  const uint8_t* w = p.w + tile * (p.K / 8) * 64;
-  const c10::Half* sm = p.sm + tile * groups * 2 * kRowTile;
-  for (int64_t m = 0; m < p.M; ++m) {
-    float acc[kRowTile] = {0};
-    const int8_t* xq = p.a->q.data() + m * p.K;
-    for (int64_t g = 0; g < groups; ++g) {
-      int32_t dot[kRowTile] = {0};
-      for (int64_t c = 0; c < kQ4Group / 8; ++c) {
-        const uint8_t* b = w + (g * 4 + c) * 64;
-        const int8_t* xs = xq + g * kQ4Group + c * 8;
-        for (int r = 0; r < kRowTile; ++r)
-          for (int j = 0; j < 4; ++j) {
-            const uint8_t v = b[4 * r + j];
-            dot[r] += (v & 0x0F) * xs[j] + (v >> 4) * xs[4 + j];
-          }
-      }
-      const float xs = p.a->scale[m * groups + g], xsum = p.a->sum[m * groups + g];
-      const c10::Half* s = sm + g * 2 * kRowTile;
-      for (int r = 0; r < kRowTile; ++r)
-        acc[r] += static_cast<float>(s[r]) * xs * dot[r] + static_cast<float>(s[kRowTile + r]) * xsum;
-    }
-    float* dst = p.out + (m / 2) * p.N + tile * kRowTile;
-    for (int r = 0; r < kRowTile; ++r) put_term(dst + r, acc[r], m);
-  }
-}
-
-#if defined(__x86_64__)
-// NT rows (a compile-time count, even: whole tokens, so every accumulator stays
-// in a register).  Each group's dot products run as two independent chains (low
-// and high nibbles), and groups do not depend on each other, so the core
-// overlaps them.  Odd rows (what the first term's rounding left) have a group
-// sum of 0, so only even rows carry the mins.
-template <int NT>
-__attribute__((target("avx512f,avx512bw,avx512vnni")))
-void q4_tile_avx512_nt(const uint8_t* __restrict w, const c10::Half* __restrict sm,
-                       const int8_t* __restrict xq, const float* __restrict xscale,
-                       const float* __restrict xsum, float* __restrict out, int64_t K, int64_t N) {
-  const int64_t groups = K / kQ4Group;
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512 acc[NT], accm[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = accm[t] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512i lo[4], hi[4];
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_loadu_si512(w + (g * 4 + c) * 64);
-      lo[c] = _mm512_and_si512(v, low);
-      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-    }
-    const c10::Half* s = sm + g * 2 * kRowTile;
-    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-    const __m512 mins =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + kRowTile)));
-    for (int t = 0; t < NT; ++t) {
-      const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group);
-      __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(x[0]));
-      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], _mm512_set1_epi32(x[1]));
-      for (int c = 1; c < 4; ++c) {
-        d0 = _mm512_dpbusd_epi32(d0, lo[c], _mm512_set1_epi32(x[2 * c]));
-        d1 = _mm512_dpbusd_epi32(d1, hi[c], _mm512_set1_epi32(x[2 * c + 1]));
-      }
-      const int64_t i = t * groups + g;
-      const __m512 ws = _mm512_mul_ps(scale, _mm512_set1_ps(xscale[i]));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), ws, acc[t]);
-      if (t % 2 == 0) accm[t] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[i]), accm[t]);
-    }
-  }
-  for (int t = 0; t < NT; t += 2)
-    _mm512_storeu_ps(out + (t / 2) * N, _mm512_add_ps(_mm512_add_ps(acc[t], accm[t]), acc[t + 1]));
-}
-
-void q4_tile_avx512(const Q4Args& p, int64_t tile) {
-  const int64_t groups = p.K / kQ4Group;
-  const uint8_t* w = p.w + tile * (p.K / 8) * 64;
-  const c10::Half* sm = p.sm + tile * groups * 2 * kRowTile;
-  for (int64_t m = 0; m < p.M; m += kTokTile) {
-    const int64_t nt = std::min<int64_t>(kTokTile, p.M - m);
-    const int8_t* xq = p.a->q.data() + m * p.K;
-    const float* xs = p.a->scale.data() + m * groups;
-    const float* xsum = p.a->sum.data() + m * groups;
-    float* out = p.out + (m / 2) * p.N + tile * kRowTile;
-    if (nt == 2) q4_tile_avx512_nt<2>(w, sm, xq, xs, xsum, out, p.K, p.N);
-    else q4_tile_avx512_nt<4>(w, sm, xq, xs, xsum, out, p.K, p.N);  // rows come in pairs
-  }
-}
-
-__attribute__((target("avx2,fma,f16c")))
-inline __m256i dot_u8s8_avx2(__m256i u, __m256i s) {
-  // u8 x s8 pairs to s16 (codes <= 15 cannot saturate), then pairs to s32.
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-
-__attribute__((target("avx2,fma,f16c")))
-void q4_tile_avx2(const Q4Args& p, int64_t tile) {
-  const int64_t groups = p.K / kQ4Group;
-  const uint8_t* w = p.w + tile * (p.K / 8) * 64;
-  const c10::Half* sm = p.sm + tile * groups * 2 * kRowTile;
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int64_t m = 0; m < p.M; ++m) {
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    const int8_t* xq = p.a->q.data() + m * p.K;
-    for (int64_t g = 0; g < groups; ++g) {
-      __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-      for (int c = 0; c < kQ4Group / 8; ++c) {
-        int32_t x0, x1;
-        std::memcpy(&x0, xq + g * kQ4Group + c * 8, 4);
-        std::memcpy(&x1, xq + g * kQ4Group + c * 8 + 4, 4);
-        const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
-        for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
-          const __m256i v =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (g * 4 + c) * 64 + h * 32));
-          const __m256i lo = _mm256_and_si256(v, low);
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-          dot[h] = _mm256_add_epi32(dot[h], dot_u8s8_avx2(lo, b0));
-          dot[h] = _mm256_add_epi32(dot[h], dot_u8s8_avx2(hi, b1));
-        }
-      }
-      const c10::Half* s = sm + g * 2 * kRowTile;
-      const int64_t i = m * groups + g;
-      const __m256 xs = _mm256_set1_ps(p.a->scale[i]), xsum = _mm256_set1_ps(p.a->sum[i]);
-      for (int h = 0; h < 2; ++h) {
-        const __m256 scale =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8 * h)));
-        const __m256 mins =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + kRowTile + 8 * h)));
-        acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h]), _mm256_mul_ps(scale, xs), acc[h]);
-        acc[h] = _mm256_fmadd_ps(mins, xsum, acc[h]);
-      }
-    }
-    float* dst = p.out + (m / 2) * p.N + tile * kRowTile;
-    for (int h = 0; h < 2; ++h) {
-      const __m256 v = (m & 1) ? _mm256_add_ps(_mm256_loadu_ps(dst + 8 * h), acc[h]) : acc[h];
-      _mm256_storeu_ps(dst + 8 * h, v);
-    }
-  }
-}
-#endif
-
-// ---------------------------------------------------------------------------
-// q8: row-major int8 weights, one float scale per row; activations quantized
-// per 64 inputs.  `vpdpbusd` wants unsigned x signed bytes, so the kernels
-// flip the weights' sign bit (w + 128, unsigned) and subtract 128 times each
-// activation group's code sum at the end (the same for every row).
-
-struct Q8Args {
-  const int8_t* w;
-  const float* row_scale;
-  const QuantizedRows* a;
-  float* out;
-  int64_t M, K, N;
-  std::vector<float> bias_fix;  // [M]: 128 * sum over groups of scale * code sum
-};
-
-void q8_rows_portable(const Q8Args& p, int64_t r0, int64_t r1) {
-  const int64_t groups = p.K / kQ8Group;
-  for (int64_t n = r0; n < r1; ++n) {
-    const int8_t* w = p.w + n * p.K;
-    for (int64_t m = 0; m < p.M; ++m) {
-      const int8_t* xq = p.a->q.data() + m * p.K;
-      float acc = 0.f;
-      for (int64_t g = 0; g < groups; ++g) {
-        int32_t dot = 0;
-        for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; ++i) dot += w[i] * xq[i];
-        acc += dot * p.a->scale[m * groups + g];
-      }
-      put_term(p.out + (m / 2) * p.N + n, acc * p.row_scale[n], m);
-    }
-  }
-}
-
-#if defined(__x86_64__)
-// kQ8Rows rows x NT tokens of accumulators, all in registers.
-constexpr int kQ8Rows = 4;
-
-template <int NT, int NR>
-__attribute__((target("avx512f,avx512bw,avx512vnni")))
-void q8_block_avx512(const int8_t* __restrict w, const int8_t* __restrict xq,
-                     const float* __restrict xscale, const float* __restrict bias_fix,
-                     const float* __restrict row_scale, float* __restrict out, int64_t K,
-                     int64_t N) {
-  const int64_t groups = K / kQ8Group;
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[NR][NT];
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512i u[NR];
-    for (int r = 0; r < NR; ++r)
-      u[r] = _mm512_xor_si512(_mm512_loadu_si512(w + r * K + g * kQ8Group), flip);
-    for (int t = 0; t < NT; ++t) {
-      const __m512i x = _mm512_loadu_si512(xq + t * K + g * kQ8Group);
-      const __m512 xs = _mm512_set1_ps(xscale[t * groups + g]);
-      for (int r = 0; r < NR; ++r) {
-        const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[r], x);
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), xs, acc[r][t]);
-      }
-    }
-  }
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; t += 2)  // rows in pairs: one token's two terms
-      out[(t / 2) * N + r] = (_mm512_reduce_add_ps(acc[r][t]) - bias_fix[t]) * row_scale[r] +
-                             (_mm512_reduce_add_ps(acc[r][t + 1]) - bias_fix[t + 1]) * row_scale[r];
-}
-
-template <int NR>
-void q8_rows_avx512_nr(const Q8Args& p, int64_t n) {
-  const int64_t groups = p.K / kQ8Group;
-  for (int64_t m = 0; m < p.M; m += kTokTile) {
-    const int64_t nt = std::min<int64_t>(kTokTile, p.M - m);
-    const int8_t* w = p.w + n * p.K;
-    const int8_t* xq = p.a->q.data() + m * p.K;
-    const float* xs = p.a->scale.data() + m * groups;
-    const float* fix = p.bias_fix.data() + m;
-    float* out = p.out + (m / 2) * p.N + n;
-    const float* rs = p.row_scale + n;
-    if (nt == 2) q8_block_avx512<2, NR>(w, xq, xs, fix, rs, out, p.K, p.N);
-    else q8_block_avx512<4, NR>(w, xq, xs, fix, rs, out, p.K, p.N);  // rows come in pairs
-  }
-}
-
-void q8_rows_avx512(const Q8Args& p, int64_t r0, int64_t r1) {
-  int64_t n = r0;
-  for (; n + kQ8Rows <= r1; n += kQ8Rows) q8_rows_avx512_nr<kQ8Rows>(p, n);
-  for (; n < r1; ++n) q8_rows_avx512_nr<1>(p, n);
-}
-
-__attribute__((target("avx2,fma,f16c")))
-void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
-  // Signed x signed with the sign trick: |x| (unsigned) times w carrying x's sign;
-  // 127 * 127 * 2 fits in int16, so `vpmaddubsw` never saturates.
-  const int64_t groups = p.K / kQ8Group;
-  for (int64_t n = r0; n < r1; ++n) {
-    const int8_t* w = p.w + n * p.K;
-    for (int64_t m = 0; m < p.M; ++m) {
-      const int8_t* xq = p.a->q.data() + m * p.K;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t g = 0; g < groups; ++g) {
-        __m256i dot = _mm256_setzero_si256();
-        for (int h = 0; h < 2; ++h) {
-          const int64_t i = g * kQ8Group + 32 * h;
-          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i));
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i));
-          dot = _mm256_add_epi32(dot, dot_u8s8_avx2(_mm256_sign_epi8(x, x), _mm256_sign_epi8(v, x)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(p.a->scale[m * groups + g]), acc);
-      }
-      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-      s = _mm_hadd_ps(s, s);
-      s = _mm_hadd_ps(s, s);
-      put_term(p.out + (m / 2) * p.N + n, _mm_cvtss_f32(s) * p.row_scale[n], m);
-    }
-  }
-}
-#endif
 
 at::Tensor float_rows(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2, "expected [rows, inputs] activations");
@@ -443,19 +24,9 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   TORCH_CHECK(N % kRowTile == 0 && scales.numel() == N * (K / kQ4Group) * 2,
               "q4_gemm: weight and scales do not match the inputs");
   at::Tensor out = at::empty({M, N}, xf.options());
-  const QuantizedRows a = quantize_rows(xf.data_ptr<float>(), M, K, kQ4Group);
-  Q4Args p{qweight.data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(), &a, out.data_ptr<float>(),
-           2 * M, K, N};
-  const int64_t isa = g_isa;
-  at::parallel_for(0, N / kRowTile, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-#if defined(__x86_64__)
-      if (isa == kAvx512) { q4_tile_avx512(p, t); continue; }
-      if (isa == kAvx2) { q4_tile_avx2(p, t); continue; }
-#endif
-      q4_tile_portable(p, t);
-    }
-  });
+  thread_local QuantizedRows a;
+  q4_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<uint8_t>(),
+              scales.data_ptr<c10::Half>(), N, out.data_ptr<float>(), a);
   return out;
 }
 
@@ -471,22 +42,9 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   const at::Tensor rs = row_scale.to(at::kFloat).contiguous();
   TORCH_CHECK(rs.numel() == N, "q8_gemm: one scale per output row");
   at::Tensor out = at::empty({M, N}, xf.options());
-  const QuantizedRows a = quantize_rows(xf.data_ptr<float>(), M, K, kQ8Group);
-  Q8Args p{qweight.data_ptr<int8_t>(), rs.data_ptr<float>(), &a, out.data_ptr<float>(),
-           2 * M, K, N, {}};
-  const int64_t groups = K / kQ8Group;
-  p.bias_fix.assign(2 * M, 0.f);
-  for (int64_t m = 0; m < 2 * M; ++m)
-    for (int64_t g = 0; g < groups; ++g)
-      p.bias_fix[m] += 128.f * a.scale[m * groups + g] * a.qsum[m * groups + g];
-  const int64_t isa = g_isa;
-  at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
-#if defined(__x86_64__)
-    if (isa == kAvx512) return q8_rows_avx512(p, r0, r1);
-    if (isa == kAvx2) return q8_rows_avx2(p, r0, r1);
-#endif
-    q8_rows_portable(p, r0, r1);
-  });
+  thread_local QuantizedRows a;
+  q8_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<int8_t>(), rs.data_ptr<float>(), N,
+              out.data_ptr<float>(), a);
   return out;
 }
 
@@ -516,6 +74,8 @@ at::Tensor q4_dequantize(const at::Tensor& qweight, const at::Tensor& scales, in
   return out.to(dtype);
 }
 
+int64_t g_isa = kBestIsa;
+
 // The code path in use: `force` < 0 keeps it, otherwise sets it (capped at the
 // best this CPU has).  Returns the path now in use.
 int64_t lowbit_isa(int64_t force) {
@@ -524,6 +84,8 @@ int64_t lowbit_isa(int64_t force) {
 }
 
 }  // namespace
+
+int64_t minivllm_cpu::active_isa() { return g_isa; }
 
 TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("q4_gemm(Tensor x, Tensor qweight, Tensor scales) -> Tensor");

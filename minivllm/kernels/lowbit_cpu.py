@@ -1,9 +1,10 @@
 """Building and loading minivllm's C++ CPU kernels: the ``minivllm_cpu`` torch ops.
 
 The sources (``lowbit_cpu.cpp``: low-bit GEMMs; ``decode_attention_cpu.cpp``: the
-decode graph's paged attention) are compiled into one library once per machine,
-torch version and source text with the
-system C++ compiler (the one torch.compile's CPU backend already needs) into
+decode graph's paged attention; ``decode_layer_cpu.cpp``: its fused decoder
+layer; the kernels themselves in the two headers) are compiled into one library
+once per machine, torch version and source text with the system C++ compiler
+(the one torch.compile's CPU backend already needs) into
 ``<cache root>/kernels``, then loaded with ``torch.ops.load_library``; later
 processes load the cached library in milliseconds.  No compiler, or a failed
 build, leaves `available` false: the low-bit layers then use torch's own int4 /
@@ -21,7 +22,11 @@ Ops (all CPU, float32 out):
   2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests);
 - ``decode_attention(query, key, value, cache, block_table, seq_lens, slots,
   scale, window)``: writes one decode step's K/V into the paged ``cache`` in
-  place and returns the step's attention (`minivllm.attention.decode_graph`).
+  place and returns the step's attention (`minivllm.attention.decode_graph`);
+- ``decoder_layer(hidden, residual, ln1, ln2, weights, kinds, cos_sin, positions,
+  cache, ...)``: one Llama-style decoder layer of a decode step, and
+  ``decoder_stack(...)`` all of a model's in one call
+  (`minivllm.model_executor.layers.fused_decoder_layer`).
 """
 
 from __future__ import annotations
@@ -43,7 +48,11 @@ from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("lowbit_cpu.cpp", "decode_attention_cpu.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name(n)
+    for n in ("lowbit_cpu.cpp", "decode_attention_cpu.cpp", "decode_layer_cpu.cpp")
+)
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("lowbit_kernels.h", "attention_kernels.h"))
 ROW_TILE = 16
 """Output rows per q4 tile (the kernels' register width in int32 lanes)."""
 Q4_GROUP = 32
@@ -75,7 +84,7 @@ def _compile_flags() -> list[str]:
 
 
 def _library_path() -> Path:
-    text = b"".join(src.read_bytes() for src in SOURCES)
+    text = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
     key = hashlib.sha256(text + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
     return cache_root() / "kernels" / f"lowbit_cpu-{key}.so"
 
@@ -108,9 +117,14 @@ def _register_fakes() -> None:
     def attention_fake(query: torch.Tensor, *args: object) -> torch.Tensor:
         return torch.empty_like(query)
 
+    def layer_fake(hidden: torch.Tensor, *args: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.empty_like(hidden), torch.empty_like(hidden)
+
     torch.library.register_fake("minivllm_cpu::q4_gemm", q4_fake)
     torch.library.register_fake("minivllm_cpu::q8_gemm", q8_fake)
     torch.library.register_fake("minivllm_cpu::decode_attention", attention_fake)
+    torch.library.register_fake("minivllm_cpu::decoder_layer", layer_fake)
+    torch.library.register_fake("minivllm_cpu::decoder_stack", layer_fake)
 
 
 def available() -> bool:

@@ -15,7 +15,9 @@ weights, so compiling costs about what the piecewise forward's does, where one
 whole-model graph took Inductor minutes.  int4 GEMMs are calls of minivllm's own
 kernel (``minivllm_cpu::q4_gemm``, which takes every row count the graph runs);
 other low-bit GEMMs stay the opaque ``minivllm::lowbit_linear`` op, which picks
-its kernel by row count at run time.
+its kernel by row count at run time.  Llama-family layers whose projections are
+all low-bit are traced as minivllm's fused C++ decoder layer instead, all of them
+as one call where they all are (`minivllm.model_executor.layers.fused_decoder_layer`).
 
 One trace (a batch of 2 with 2 blocks per request, both marked dynamic) serves
 every batch size and context length, and runs without Dynamo's guards, like the

@@ -154,3 +154,30 @@ def test_low_bit_gguf_matches_piecewise(tmp_path: Path) -> None:
     steps = graph.num_steps
     assert_same(run(llm, True, prompts, n=12), run(llm, False, prompts, n=12))
     assert graph.num_steps - steps >= 11
+
+
+def test_q4_gguf_layers_fuse_and_match_piecewise(tmp_path: Path) -> None:
+    """Q4_1 decoder layers (minivllm's int4 kernels): in the decode graph all layers
+    are one ``minivllm_cpu::decoder_stack`` call a step, with the piecewise
+    forward's tokens."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf_helpers import write_tiny_gguf
+
+    from minivllm.kernels import lowbit_cpu
+
+    assert lowbit_cpu.available(), "minivllm's C++ kernels did not build here"
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(str(path), tie=True, num_layers=2, layer_type=GGMLQuantizationType.Q4_1)
+    llm = make_llm(path, decode_graph=True, optimization_level=2, block_size=8, max_model_len=128)
+    graph = decode_graph(llm)
+    piecewise = run(llm, False, PROMPTS)
+    steps = graph.num_steps
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fused = run(llm, True, PROMPTS)
+    assert graph.num_steps - steps >= 19
+    calls = {e.key: e.count for e in prof.key_averages()}
+    # One stack call a step, no separate GEMM or attention op: the layers ran fused.
+    assert calls.get("minivllm_cpu::decoder_stack", 0) >= 19
+    assert "minivllm_cpu::decode_attention" not in calls
+    assert_same(fused, piecewise)

@@ -17,6 +17,12 @@ from minivllm.attention.decode_graph import decode_layer_boundary
 from minivllm.attention.layer import Attention
 from minivllm.distributed import get_pp_group, get_tp_group
 from minivllm.model_executor.layers.activation import SiluAndMul
+from minivllm.model_executor.layers.fused_decoder_layer import (
+    LayerParts,
+    fusable,
+    fused_decoder_layer,
+    fused_decoder_stack,
+)
 from minivllm.model_executor.layers.layernorm import RMSNorm
 from minivllm.model_executor.layers.linear import (
     MergedColumnParallelLinear,
@@ -142,6 +148,9 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fuses(hidden):
+            # CPU decode graph: the whole layer as one C++ call.
+            return fused_decoder_layer(positions, hidden, residual, *self.fused_parts())
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -150,6 +159,18 @@ class LlamaDecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def fused_parts(self) -> LayerParts:
+        """``(norms, linears, attn, rotary)``: what the fused C++ layer reads."""
+        attn = self.self_attn
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        linears = (attn.qkv_proj, attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
+        return norms, linears, attn.attn, attn.rotary_emb
+
+    def fuses(self, hidden: torch.Tensor) -> bool:
+        """Whether this layer runs as one fused C++ call in the trace under way
+        (`minivllm.model_executor.layers.fused_decoder_layer`)."""
+        return fusable(hidden, *self.fused_parts(), self.self_attn.q_norm is not None)
 
 
 class PPMissingLayer(nn.Identity):
@@ -200,9 +221,17 @@ class LlamaModel(nn.Module):
             width, dtype = self.norm.weight.shape[0], self.norm.weight.dtype
             hidden = pp.recv(input_ids, width, dtype, pp.prev_rank)
         residual = None
-        for i, layer in enumerate(self.layers[self.start_layer : self.end_layer]):
-            hidden, residual = layer(positions, hidden, residual)
-            hidden = decode_layer_boundary(hidden, i)
+        layers = self.layers[self.start_layer : self.end_layer]
+        stack = None
+        if len(layers) and all(layer.fuses(hidden) for layer in layers):
+            # CPU decode graph, every layer fusable: all of them as one C++ call.
+            stack = fused_decoder_stack(positions, hidden, [lay.fused_parts() for lay in layers])
+        if stack is not None:
+            hidden, residual = stack
+        else:
+            for i, layer in enumerate(layers):
+                hidden, residual = layer(positions, hidden, residual)
+                hidden = decode_layer_boundary(hidden, i, fused=layer.fuses(hidden))
         if not pp.is_last_rank:
             stream = hidden if residual is None else hidden + residual
             return pp.send(stream, pp.next_rank)

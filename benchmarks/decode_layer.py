@@ -1,0 +1,121 @@
+"""Time the default model's 30 decoder layers as one fused C++ call
+(``minivllm_cpu::decoder_stack``), against their GEMMs alone.
+
+Loads the default GGUF model (low-bit weights), then for each ``--batch`` runs
+one decode step's layers, every request at ``--context`` tokens, from Python in
+a loop: the weights stream from memory as in a real step (66 MB, more than the
+caches hold).  Prints milliseconds per step (median of 5 rounds of 20 steps) for
+
+- ``fused``: the 30 layers as one ``decoder_stack`` call (what the decode graph runs);
+- ``gemms``: the same layers' 120 ``q4_gemm`` calls alone, i.e. the weight
+  reading the fused layer cannot avoid, plus one op dispatch per GEMM;
+- ``LM head``: the int8 LM head's ``q8_gemm`` (28 MB for the default model);
+
+and the weight bytes read per step and the rate they were read at::
+
+    python benchmarks/decode_layer.py --batch 1 8 32 --context 190
+"""
+
+from __future__ import annotations
+
+# isort: off
+# minivllm first: it sets how long idle OpenMP threads spin before torch loads libgomp.
+import minivllm  # noqa: F401
+# isort: on
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from minivllm.attention.decode_graph import DECODE_INPUTS
+from minivllm.kernels import lowbit_cpu
+from minivllm.model_executor.layers.fused_decoder_layer import fused_decoder_stack
+
+
+def _median_ms(fn, steps: int = 20, rounds: int = 5) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        times.append((time.perf_counter() - start) / steps * 1e3)
+    return statistics.median(times)
+
+
+def time_batch(
+    layers: list, b: int, context: int, block: int, hidden_size: int
+) -> tuple[float, float]:
+    """(fused, gemms-alone) milliseconds per step for ``b`` requests."""
+    blocks = -(-context // block)
+    table = torch.arange(1, 1 + b * blocks, dtype=torch.int32).view(b, blocks)
+    lens = torch.full((b,), context, dtype=torch.int32)
+    slots = table[:, -1].long() * block + (context - 1) % block
+    positions = lens.long() - 1
+    hidden = torch.randn(b, hidden_size) * 0.1
+    DECODE_INPUTS.tracing, DECODE_INPUTS.native_attention = True, True
+    DECODE_INPUTS.seq_lens, DECODE_INPUTS.block_tables = lens, [table]
+    DECODE_INPUTS.slots = [slots]
+
+    parts = [layer.fused_parts() for layer in layers]
+
+    def fused() -> None:
+        fused_decoder_stack(positions, hidden, parts)
+
+    def gemms() -> None:
+        for layer in layers:
+            for lin in layer.fused_parts()[1]:
+                x = hidden if lin.input_size == hidden_size else torch.zeros(b, lin.input_size)
+                torch.ops.minivllm_cpu.q4_gemm(x, lin.qweight, lin.qscales)
+
+    try:
+        with torch.inference_mode():
+            return _median_ms(fused), _median_ms(gemms)
+    finally:
+        DECODE_INPUTS.tracing = False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--context", type=int, default=190)
+    args = parser.parse_args()
+    if not lowbit_cpu.available():
+        raise SystemExit("minivllm's CPU kernels are not built here (no C++ compiler?)")
+    from minivllm import LLM
+
+    llm = LLM(enforce_eager=True, max_num_seqs=max(args.batch))
+    model = llm.llm_engine.executor.worker.model_runner.model
+    layers = list(model.model.layers)
+    attn0 = layers[0].self_attn.attn
+    block = attn0.kv_cache.shape[2]
+    hidden_size = model.config.hidden_size
+    weight_bytes = sum(
+        t.numel() * t.element_size()
+        for layer in layers
+        for lin in layer.fused_parts()[1]
+        for t in (lin.qweight, lin.qscales)
+    )
+    print(f"threads {torch.get_num_threads()}, weight bytes per step {weight_bytes / 1e6:.1f} MB")
+    head = model.lm_head
+    head_bytes = head.qweight.numel() * head.qweight.element_size()
+    for b in args.batch:
+        t_fused, t_gemms = time_batch(layers, b, args.context, block, hidden_size)
+        rate = weight_bytes / (t_gemms * 1e-3) / 1e9
+        x = torch.randn(b, hidden_size)
+        with torch.inference_mode():
+            t_head = _median_ms(
+                lambda x=x: torch.ops.minivllm_cpu.q8_gemm(x, head.qweight, head.qscales)
+            )
+        print(
+            f"batch {b:3d} context {args.context}: fused {t_fused:6.2f} ms/step, "
+            f"gemms alone {t_gemms:6.2f} ms/step ({rate:4.1f} GB/s), LM head {t_head:5.2f} ms "
+            f"({head_bytes / (t_head * 1e-3) / 1e9:4.1f} GB/s)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+// One Llama-style decoder layer of a decode step as one C++ call (minivllm's own).
+//
+// At one token a layer's real work is reading its four low-bit weights; the
+// compiled decode graph around them adds what is not: an op dispatch per GEMM,
+// Inductor's loops for the norms, rotary and activation, and a wake-up of the
+// thread pool each time the threads have gone idle between calls.  This op runs
+// the whole layer
+//
+//   residual += hidden (unless there is none yet: residual = hidden)
+//   x = rms_norm(residual) * ln1;  qkv = x @ Wqkv.T;  rotary on q, k
+//   K/V rows into the paged cache;  a = attention(q);  residual += a @ Wo.T
+//   x = rms_norm(residual) * ln2;  gu = x @ Wgu.T;  h = silu(g) * u
+//   out = h @ Wdown.T
+//
+// with the kernels of lowbit_kernels.h and attention_kernels.h, back to back,
+// so the threads stay spinning between its parallel parts and nothing is
+// allocated but the two outputs.  Everything between the GEMMs is float32, as
+// in the model's own ops.
+
+#include "attention_kernels.h"
+#include "lowbit_kernels.h"
+
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+namespace {
+
+constexpr int64_t kQ4Kind = 5;  // quantized_linear.Q4
+constexpr int64_t kQ8Kind = 8;  // quantized_linear.INT8
+constexpr int64_t kTokenGrain = 8;  // tokens per thread for the elementwise parts
+
+// One low-bit linear map of the layer (no bias).
+struct Linear {
+  int64_t kind, in, out;
+  const at::Tensor* w;
+  at::Tensor scales;  // q4: float16 tiles' scales; q8: float32, one per row
+
+  void operator()(const float* x, int64_t M, float* y, QuantizedRows& a) const {
+    if (kind == kQ4Kind)
+      q4_gemm_raw(x, M, in, w->data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(), out, y, a);
+    else
+      q8_gemm_raw(x, M, in, w->data_ptr<int8_t>(), scales.data_ptr<float>(), out, y, a);
+  }
+};
+
+Linear make_linear(const at::Tensor& w, const at::Tensor& s, int64_t kind, int64_t in,
+                   const char* name) {
+  TORCH_CHECK(w.is_contiguous() && s.is_contiguous(), "decoder_layer: ", name, " not contiguous");
+  if (kind == kQ4Kind) {
+    TORCH_CHECK(w.scalar_type() == at::kByte && s.scalar_type() == at::kHalf && in % kQ4Group == 0,
+                "decoder_layer: ", name, " is not a q4 weight");
+    const int64_t out = w.numel() * 2 / in;
+    TORCH_CHECK(out % kRowTile == 0 && s.numel() == out * (in / kQ4Group) * 2,
+                "decoder_layer: ", name, " does not match its inputs");
+    return {kind, in, out, &w, s};
+  }
+  TORCH_CHECK(kind == kQ8Kind && w.scalar_type() == at::kChar && w.dim() == 2 && w.size(1) == in &&
+                  in % kQ8Group == 0 && s.numel() == w.size(0),
+              "decoder_layer: ", name, " is neither a q4 nor an int8 weight");
+  return {kind, in, w.size(0), &w, s.to(at::kFloat).contiguous()};
+}
+
+// x [rows, n] -> x * rsqrt(mean(x^2) + eps) * weight, into y.
+void rms_norm(const float* x, const float* weight, float eps, int64_t n, float* y) {
+  float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * weight[i];
+}
+
+// Rotary embedding of one head (neox layout: element i pairs with i + rot / 2;
+// elements past `rot` pass through), from `src` into `dst`.
+void rotate(const float* src, const float* cos, const float* sin, int64_t rot, int64_t hd,
+            float* dst) {
+  const int64_t half = rot / 2;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = src[i], x2 = src[i + half];
+    dst[i] = x1 * cos[i] - x2 * sin[i];
+    dst[i + half] = x2 * cos[i] + x1 * sin[i];
+  }
+  for (int64_t i = rot; i < hd; ++i) dst[i] = src[i];
+}
+
+// h[i] = silu(g[i]) * u[i] for i < n.
+void silu_mul_portable(const float* g, const float* u, int64_t n, float* h) {
+  for (int64_t i = 0; i < n; ++i) h[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
+#if defined(__x86_64__)
+// sigmoid(x) from e = exp(-|x|) <= 1, which `exp_nonpositive` computes:
+// 1 / (1 + e) for x >= 0, e / (1 + e) below.
+MINIVLLM_AVX512 void silu_mul_avx512(const float* g, const float* u, int64_t n, float* h) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+    const __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ),
+                                            e, one);
+    const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(h + i, m, _mm512_mul_ps(_mm512_mul_ps(x, sig), _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+#endif
+
+void silu_mul(const float* g, const float* u, int64_t n, float* h) {
+#if defined(__x86_64__)
+  if (kHasAvx512) return silu_mul_avx512(g, u, n, h);
+#endif
+  silu_mul_portable(g, u, n, h);
+}
+
+// Rows [0, rows) of a per-token step, on the threads once there are enough rows.
+template <typename F>
+void each_token(int64_t rows, const F& f) {
+  at::parallel_for(0, rows, kTokenGrain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) f(r);
+  });
+}
+
+struct Scratch {
+  QuantizedRows act;
+  std::vector<float> x, qkv, q, k, attn, o, gu, h;
+};
+
+template <typename T>
+void layer_attention(const Shape& s, T* cache, const float* q, const float* k, const float* v,
+                     int64_t v_stride, const at::Tensor& slots, const at::Tensor& table,
+                     const at::Tensor& seq_lens, float* out) {
+  write_rows(s, cache, k, s.num_kv * s.head_dim, v, v_stride, slots.data_ptr<int64_t>());
+  attend(s, q, cache, table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), out);
+}
+
+std::tuple<at::Tensor, at::Tensor> decoder_layer(
+    const at::Tensor& hidden, const c10::optional<at::Tensor>& residual, const at::Tensor& ln1,
+    const at::Tensor& ln2, at::TensorList weights, at::IntArrayRef kinds, const at::Tensor& cos_sin,
+    const at::Tensor& positions, at::Tensor cache, const at::Tensor& block_table,
+    const at::Tensor& seq_lens, const at::Tensor& slots, int64_t num_heads, double eps,
+    double scale, int64_t window) {
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
+              "decoder_layer: hidden must be contiguous float32 [tokens, hidden]");
+  TORCH_CHECK(weights.size() == 8 && kinds.size() == 4,
+              "decoder_layer: expects 4 weights (qkv, o, gate_up, down) with scales and kinds");
+  TORCH_CHECK(cache.dim() == 5 && cache.size(0) == 2 && cache.is_contiguous() &&
+                  (cache.scalar_type() == at::kFloat || cache.scalar_type() == at::kBFloat16),
+              "decoder_layer: cache must be contiguous float32 or bfloat16 [2, blocks, block_size, "
+              "kv_heads, head_dim]");
+  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.is_contiguous() &&
+                  positions.scalar_type() == at::kLong && block_table.scalar_type() == at::kInt &&
+                  seq_lens.scalar_type() == at::kInt && slots.scalar_type() == at::kLong,
+              "decoder_layer: float32 rotary table, int64 positions and slots, int32 table and "
+              "lengths");
+  const int64_t B = hidden.size(0), H = hidden.size(1);
+  Shape s;
+  s.batch = B;
+  s.num_blocks = cache.size(1);
+  s.block_size = cache.size(2);
+  s.num_kv = cache.size(3);
+  s.head_dim = cache.size(4);
+  s.num_heads = num_heads;
+  s.table_width = block_table.size(1);
+  s.scale = static_cast<float>(scale);
+  s.window = window;
+  const int64_t hd = s.head_dim, qs = num_heads * hd, kvs = s.num_kv * hd;
+  const int64_t rot = cos_sin.size(1);
+  TORCH_CHECK(num_heads % s.num_kv == 0 && rot % 2 == 0 && rot <= hd,
+              "decoder_layer: head counts or rotary size do not match the cache");
+  const Linear qkv = make_linear(weights[0], weights[1], kinds[0], H, "qkv_proj");
+  const Linear o = make_linear(weights[2], weights[3], kinds[1], qs, "o_proj");
+  const Linear gu = make_linear(weights[4], weights[5], kinds[2], H, "gate_up_proj");
+  const int64_t inter = gu.out / 2;
+  const Linear down = make_linear(weights[6], weights[7], kinds[3], inter, "down_proj");
+  TORCH_CHECK(qkv.out == qs + 2 * kvs && o.out == H && down.out == H && gu.out == 2 * inter,
+              "decoder_layer: weight shapes do not match the hidden size and heads");
+  const at::Tensor w1 = ln1.to(at::kFloat).contiguous(), w2 = ln2.to(at::kFloat).contiguous();
+  const at::Tensor pos = positions.contiguous(), table = block_table.contiguous();
+  const at::Tensor lens = seq_lens.contiguous(), sl = slots.contiguous();
+
+  at::Tensor res = at::empty({B, H}, hidden.options());
+  at::Tensor out = at::empty({B, H}, hidden.options());
+  float* rp = res.data_ptr<float>();
+  const float* hp = hidden.data_ptr<float>();
+  if (residual.has_value()) {
+    const at::Tensor r0 = residual->to(at::kFloat).contiguous();
+    TORCH_CHECK(r0.sizes() == hidden.sizes(), "decoder_layer: residual and hidden differ in shape");
+    const float* r0p = r0.data_ptr<float>();
+    for (int64_t i = 0; i < B * H; ++i) rp[i] = hp[i] + r0p[i];
+  } else {
+    std::copy(hp, hp + B * H, rp);
+  }
+
+  thread_local Scratch scratch;
+  Scratch& t = scratch;  // the lambdas below run on other threads too: name this thread's
+  t.x.resize(B * std::max(H, inter));
+  t.qkv.resize(B * qkv.out);
+  t.q.resize(B * qs);
+  t.k.resize(B * kvs);
+  t.attn.resize(B * qs);
+  t.o.resize(B * H);
+  t.gu.resize(B * gu.out);
+  t.h.resize(B * inter);
+  const float eps_f = static_cast<float>(eps);
+  const float* cs = cos_sin.data_ptr<float>();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const int64_t max_pos = cos_sin.size(0);
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(pp[b] >= 0 && pp[b] < max_pos, "decoder_layer: position past the rotary table");
+
+  // Attention block.
+  each_token(B, [&](int64_t b) {
+    rms_norm(rp + b * H, w1.data_ptr<float>(), eps_f, H, t.x.data() + b * H);
+  });
+  qkv(t.x.data(), B, t.qkv.data(), t.act);
+  each_token(B, [&](int64_t b) {
+    const float* row = t.qkv.data() + b * qkv.out;
+    const float* cos = cs + pp[b] * rot;
+    const float* sin = cos + rot / 2;
+    for (int64_t h = 0; h < num_heads; ++h)
+      rotate(row + h * hd, cos, sin, rot, hd, t.q.data() + b * qs + h * hd);
+    for (int64_t h = 0; h < s.num_kv; ++h)
+      rotate(row + qs + h * hd, cos, sin, rot, hd, t.k.data() + b * kvs + h * hd);
+  });
+  const float* v = t.qkv.data() + qs + kvs;
+  if (cache.scalar_type() == at::kFloat)
+    layer_attention(s, cache.data_ptr<float>(), t.q.data(), t.k.data(), v, qkv.out, sl, table, lens,
+                    t.attn.data());
+  else
+    layer_attention(s, cache.data_ptr<c10::BFloat16>(), t.q.data(), t.k.data(), v, qkv.out, sl,
+                    table, lens, t.attn.data());
+  o(t.attn.data(), B, t.o.data(), t.act);
+
+  // MLP block.
+  each_token(B, [&](int64_t b) {
+    float* r = rp + b * H;
+    const float* a = t.o.data() + b * H;
+    for (int64_t i = 0; i < H; ++i) r[i] += a[i];
+    rms_norm(r, w2.data_ptr<float>(), eps_f, H, t.x.data() + b * H);
+  });
+  gu(t.x.data(), B, t.gu.data(), t.act);
+  each_token(B, [&](int64_t b) {
+    const float* row = t.gu.data() + b * gu.out;
+    silu_mul(row, row + inter, inter, t.h.data() + b * inter);
+  });
+  down(t.h.data(), B, out.data_ptr<float>(), t.act);
+  return {out, res};
+}
+
+// All of a model's decoder layers in one call: `decoder_layer` for each, the
+// first without a residual.  Per layer: 2 norms in `norms`, 8 tensors in
+// `weights` and 4 kinds in `kinds` (as `decoder_layer` takes them), its KV
+// cache in `caches`; every layer reads the same block table (one KV cache
+// group) and has the same sliding window.  One op call per step instead of one
+// per layer.
+std::tuple<at::Tensor, at::Tensor> decoder_stack(
+    const at::Tensor& hidden, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
+    const at::Tensor& cos_sin, const at::Tensor& positions, at::TensorList caches,
+    const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& slots,
+    int64_t num_heads, double eps, double scale, int64_t window) {
+  const size_t layers = caches.size();
+  TORCH_CHECK(layers > 0 && norms.size() == 2 * layers && weights.size() == 8 * layers &&
+                  kinds.size() == 4 * layers,
+              "decoder_stack: 2 norms, 8 weight tensors and 4 kinds per layer");
+  std::tuple<at::Tensor, at::Tensor> state{hidden, at::Tensor()};
+  for (size_t l = 0; l < layers; ++l) {
+    const at::Tensor& res = std::get<1>(state);
+    state = decoder_layer(std::get<0>(state),
+                          res.defined() ? c10::optional<at::Tensor>(res) : c10::nullopt,
+                          norms[2 * l], norms[2 * l + 1], weights.slice(8 * l, 8),
+                          kinds.slice(4 * l, 4), cos_sin, positions, caches[l], block_table,
+                          seq_lens, slots, num_heads, eps, scale, window);
+  }
+  return state;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
+  m.def(
+      "decoder_stack(Tensor hidden, Tensor[] norms, Tensor[] weights, int[] kinds, "
+      "Tensor cos_sin, Tensor positions, Tensor(a!)[] caches, Tensor block_table, "
+      "Tensor seq_lens, Tensor slots, int num_heads, float eps, float scale, int window) "
+      "-> (Tensor, Tensor)");
+  m.def(
+      "decoder_layer(Tensor hidden, Tensor? residual, Tensor ln1, Tensor ln2, Tensor[] weights, "
+      "int[] kinds, Tensor cos_sin, Tensor positions, Tensor(a!) cache, Tensor block_table, "
+      "Tensor seq_lens, Tensor slots, int num_heads, float eps, float scale, int window) "
+      "-> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {
+  m.impl("decoder_layer", decoder_layer);
+  m.impl("decoder_stack", decoder_stack);
+}

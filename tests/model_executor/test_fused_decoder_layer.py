@@ -1,0 +1,212 @@
+"""The fused decoder layer (``minivllm_cpu::decoder_layer``) against the layer's own
+ops: a `LlamaDecoderLayer` with low-bit weights, run on one decode step both ways
+(the decode graph's attention inputs set by hand), gives the same outputs,
+residual stream and written KV cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from minivllm.attention.decode_graph import DECODE_INPUTS
+from minivllm.kernels import lowbit_cpu
+from minivllm.model_executor.layers.fused_decoder_layer import fusable, fused_decoder_stack
+from minivllm.model_executor.layers.quantized_linear import INT8, Q4
+from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from minivllm.model_executor.models.llama import AttnOptions, LlamaDecoderLayer
+
+pytestmark = pytest.mark.skipif(not lowbit_cpu.available(), reason="no C++ compiler here")
+
+HIDDEN, INTER, NH, NKV, HD = 128, 192, 8, 2, 16
+BLOCK, BLOCKS = 4, 64
+
+
+def _config() -> LlamaConfig:
+    return LlamaConfig(
+        hidden_size=HIDDEN, intermediate_size=INTER, num_attention_heads=NH,
+        num_key_value_heads=NKV, head_dim=HD, num_hidden_layers=1, rms_norm_eps=1e-5,
+        max_position_embeddings=256,
+    )  # fmt: skip
+
+
+def _set_q4(linear: torch.nn.Module, gen: torch.Generator) -> None:
+    n, k = linear.output_size, linear.input_size
+    q = torch.randint(0, 16, (n, k), generator=gen)
+    scale = (torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3).half().float()
+    mins = (-torch.rand(n, k // 32, generator=gen) * 0.15).half().float()
+    codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
+    linear.quant_kind, linear.weight = Q4, None
+    linear.qweight, linear.qscales = codes.view(n, k // 2), scale_min.view(n, -1)
+
+
+def _layer(kinds: tuple[int, int, int, int], rotary_dim: int, window: int | None):
+    gen = torch.Generator().manual_seed(0)
+    layer = LlamaDecoderLayer(
+        _config(), RotaryEmbedding(HD, rotary_dim, 256, {"rope_theta": 10000.0}),
+        AttnOptions(), prefix="layers.0",
+    )  # fmt: skip
+    attn = layer.self_attn
+    attn.attn.sliding_window = window
+    linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    for linear, kind in zip(linears, kinds, strict=True):
+        if kind == Q4:
+            _set_q4(linear, gen)
+        else:
+            linear.weight.data = torch.randn(linear.weight.shape, generator=gen) * 0.05
+            linear.quantize_int8()
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        norm.weight.data = 1 + 0.1 * torch.randn(HIDDEN, generator=gen)
+    return layer
+
+
+def _step(layer, lens: list[int], cache_dtype: torch.dtype, fused: bool, residual: bool):
+    """One decode step of ``len(lens)`` requests; returns (out, residual, cache)."""
+    gen = torch.Generator().manual_seed(3)
+    b = len(lens)
+    layer.self_attn.attn.kv_cache = torch.randn(2, BLOCKS, BLOCK, NKV, HD, generator=gen).to(
+        cache_dtype
+    )
+    hidden = torch.randn(b, HIDDEN, generator=gen)
+    res = torch.randn(b, HIDDEN, generator=gen) if residual else None
+    width = 6  # request i owns blocks 1 + 6 i ..., shuffled
+    table = torch.stack([torch.randperm(width, generator=gen) + 1 + width * i for i in range(b)])
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    positions = seq_lens.long() - 1
+    slots = table.gather(1, (positions // BLOCK)[:, None]).squeeze(1).long() * BLOCK
+    slots += positions % BLOCK
+    inputs = DECODE_INPUTS
+    saved = (inputs.tracing, inputs.native_attention, inputs.seq_lens, inputs.block_tables,
+             inputs.slots)  # fmt: skip
+    inputs.tracing, inputs.native_attention, inputs.seq_lens = True, True, seq_lens
+    inputs.block_tables, inputs.slots = [table.to(torch.int32)], [slots]
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("MINIVLLM_CPU_FUSED_LAYERS", "1" if fused else "0")
+            out, new_res = layer(positions, hidden, res)
+    finally:
+        (inputs.tracing, inputs.native_attention, inputs.seq_lens, inputs.block_tables,
+         inputs.slots) = saved  # fmt: skip
+    return out, new_res, layer.self_attn.attn.kv_cache
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [(Q4, Q4, Q4, Q4), (INT8, INT8, INT8, INT8), (Q4, INT8, Q4, INT8)],
+    ids=["q4", "int8", "mixed"],
+)
+@pytest.mark.parametrize("lens", [[1], [9, 22, 3], [5, 1, 17, 12, 24, 2, 8, 19, 11, 6]])
+def test_fused_layer_matches_the_layer_ops(kinds: tuple[int, int, int, int], lens: list[int]):
+    layer = _layer(kinds, HD, None)
+    for residual in (False, True):
+        want = _step(layer, lens, torch.float32, False, residual)
+        got = _step(layer, lens, torch.float32, True, residual)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim,window", [(HD, 5), (HD // 2, None)])
+def test_fused_layer_cache_dtypes_windows_partial_rotary(
+    cache_dtype: torch.dtype, rotary_dim: int, window: int | None
+) -> None:
+    layer = _layer((Q4, Q4, Q4, Q4), rotary_dim, window)
+    lens = [7, 1, 20]
+    want = _step(layer, lens, cache_dtype, False, True)
+    got = _step(layer, lens, cache_dtype, True, True)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.float(), w.float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("force", [1, 0], ids=["avx2", "portable"])
+def test_fused_layer_on_lower_instruction_sets(force: int) -> None:
+    best = lowbit_cpu.isa()
+    if force > best:
+        pytest.skip("this CPU lacks that instruction set")
+    layer = _layer((Q4, INT8, Q4, Q4), HD, None)
+    lowbit_cpu.isa(force)
+    try:
+        want = _step(layer, [4, 13], torch.float32, False, True)
+        got = _step(layer, [4, 13], torch.float32, True, True)
+    finally:
+        lowbit_cpu.isa(best)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_only_eligible_layers_fuse() -> None:
+    layer = _layer((Q4, Q4, Q4, Q4), HD, None)
+    attn = layer.self_attn
+    attn.attn.kv_cache = torch.zeros(2, BLOCKS, BLOCK, NKV, HD)
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    hidden = torch.zeros(1, HIDDEN)
+
+    def ok(h: torch.Tensor = hidden, qk_norm: bool = False) -> bool:
+        return fusable(h, norms, linears, attn.attn, attn.rotary_emb, qk_norm)
+
+    inputs = DECODE_INPUTS
+    saved = inputs.tracing, inputs.native_attention
+    try:
+        inputs.tracing = False
+        assert not ok()  # outside the decode graph: the layer's own ops
+        inputs.tracing, inputs.native_attention = True, True
+        assert ok()
+        assert not ok(h=hidden.bfloat16())  # bfloat16 activations
+        assert not ok(qk_norm=True)  # Qwen3's q/k norms
+        attn.o_proj.bias = torch.nn.Parameter(torch.zeros(HIDDEN))
+        assert not ok()  # a bias (Qwen2)
+        attn.o_proj.bias = None
+        attn.attn.kv_cache = torch.zeros(2, BLOCKS, BLOCK, NKV, HD, dtype=torch.float16)
+        assert not ok()  # a cache dtype the kernels do not read
+    finally:
+        inputs.tracing, inputs.native_attention = saved
+
+
+def test_stack_of_layers_matches_layer_by_layer() -> None:
+    """``decoder_stack`` (the decode graph's one call a step) against the layers one
+    by one, each writing its own KV cache; layers that differ in a shared setting
+    are not stacked."""
+    layers = [_layer(kinds, HD, None) for kinds in ((Q4,) * 4, (INT8,) * 4, (Q4, INT8, Q4, Q4))]
+    rotary = layers[0].self_attn.rotary_emb
+    for layer in layers:
+        layer.self_attn.rotary_emb = rotary  # one table, as `LlamaModel` shares it
+    lens = [6, 15]
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(len(lens), HIDDEN, generator=gen)
+    inputs = DECODE_INPUTS
+    saved = (inputs.tracing, inputs.native_attention, inputs.seq_lens, inputs.block_tables,
+             inputs.slots)  # fmt: skip
+
+    def caches() -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(7)
+        return [torch.randn(2, BLOCKS, BLOCK, NKV, HD, generator=g) for _ in layers]
+
+    table = torch.tensor([[6, 2, 18, 14], [4, 10, 22, 26]], dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    positions = seq_lens.long() - 1
+    slots = table.gather(1, (positions // BLOCK)[:, None]).squeeze(1).long() * BLOCK
+    slots += positions % BLOCK
+    try:
+        inputs.tracing, inputs.native_attention, inputs.seq_lens = True, True, seq_lens
+        inputs.block_tables, inputs.slots = [table], [slots]
+        want_caches = caches()
+        h, r = hidden, None
+        for layer, cache in zip(layers, want_caches, strict=True):
+            layer.self_attn.attn.kv_cache = cache
+            h, r = layer(positions, h, r)
+        got_caches = caches()
+        for layer, cache in zip(layers, got_caches, strict=True):
+            layer.self_attn.attn.kv_cache = cache
+        parts = [layer.fused_parts() for layer in layers]
+        got = fused_decoder_stack(positions, hidden, parts)
+        assert got is not None
+        torch.testing.assert_close(got[0], h, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[1], r, rtol=1e-5, atol=1e-5)
+        for g, w in zip(got_caches, want_caches, strict=True):
+            assert torch.equal(g, w)
+        layers[1].self_attn.attn.sliding_window = 4
+        assert fused_decoder_stack(positions, hidden, [la.fused_parts() for la in layers]) is None
+    finally:
+        (inputs.tracing, inputs.native_attention, inputs.seq_lens, inputs.block_tables,
+         inputs.slots) = saved  # fmt: skip

@@ -71,9 +71,16 @@ def build_hf_model(path: str, hf_config: object) -> torch.nn.Module:
 
     from transformers import Gemma3ForCausalLM
 
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers 4.x
+        from transformers.modeling_utils import no_init_weights
+
     cfg = copy.deepcopy(hf_config)
     cfg._attn_implementation = "sdpa"  # type: ignore[attr-defined]
-    model = Gemma3ForCausalLM(cfg).eval()
+    # Every parameter is overwritten below (strict): random init would only cost ~8 s.
+    with no_init_weights():
+        model = Gemma3ForCausalLM(cfg).eval()
     weights = dict(get_weights_iterator(path))
     weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     model.load_state_dict(weights, strict=True)

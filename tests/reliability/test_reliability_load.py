@@ -1,5 +1,6 @@
-"""Bounded load against one real server: 32 concurrent streams for 3 rounds with exact
-token counts, a storm of clients hanging up mid-stream, and a SIGTERM drain; after
+"""Bounded load against one real server: 32 concurrent streams for 2 rounds with exact
+token counts, a storm of clients hanging up mid-stream, and a SIGTERM drain (the
+running streams finish, one too long for the shutdown timeout is aborted at it); after
 each, nothing is left running or waiting and the KV cache is empty again.
 
 The server's resident memory growth is printed (``-s`` shows it), not asserted: it
@@ -15,11 +16,13 @@ import time
 
 import httpx
 import psutil
+import pytest
 from server_utils import RemoteServer
 
-SERVER_ARGS = ("--shutdown-timeout", "60", "--max-num-seqs", "64")
+SHUTDOWN_TIMEOUT_S = 6
+SERVER_ARGS = ("--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), "--max-num-seqs", "64")
 NUM_STREAMS = 32
-NUM_ROUNDS = 3
+NUM_ROUNDS = 2
 MAX_TOKENS = 16
 
 
@@ -40,15 +43,20 @@ def _wait_idle(server: RemoteServer, timeout: float = 30) -> None:
     raise AssertionError(f"the server did not go idle: {gauges}")
 
 
-async def _stream(client: httpx.AsyncClient, i: int) -> tuple[int, int, str | None]:
-    """(text chunks, completion_tokens of the usage chunk, finish_reason) of one stream."""
-    body = {"prompt": f"Request {i}: tell me a story about", "max_tokens": MAX_TOKENS,
+async def _stream(
+    client: httpx.AsyncClient, i: int, max_tokens: int = MAX_TOKENS, done: list[bool] | None = None
+) -> tuple[int, int, str | None]:
+    """(text chunks, completion_tokens of the usage chunk, finish_reason) of one stream;
+    ``done`` gets whether it ended with ``data: [DONE]``."""
+    body = {"prompt": f"Request {i}: tell me a story about", "max_tokens": max_tokens,
             "ignore_eos": True, "temperature": 0.8, "seed": i, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     chunks, usage, reason = 0, -1, None
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         assert resp.status_code == 200, await resp.aread()
         async for line in resp.aiter_lines():
+            if done is not None and line == "data: [DONE]":
+                done.append(True)
             if not line.startswith("data: {"):
                 continue
             event = json.loads(line[6:])
@@ -110,18 +118,38 @@ def test_disconnect_storm_leaks_nothing(server: RemoteServer) -> None:
     assert resp.json()["usage"]["completion_tokens"] == 8
 
 
-def test_sigterm_drains_running_streams_and_exits_0(server: RemoteServer) -> None:
-    """Last in this module: it stops the server."""
+def test_sigterm_drains_running_streams_aborts_at_the_deadline_and_exits_0(
+    server: RemoteServer,
+) -> None:
+    """Last in this module: it stops the server.  Eight short streams run to their end
+    during the drain; a 2000-token one cannot, and is aborted at the shutdown timeout."""
+    long_done: list[bool] = []
 
-    async def run() -> list[tuple[int, int, str | None]]:
+    async def timed_long(client: httpx.AsyncClient) -> tuple[tuple[int, int, str | None], float]:
+        result = await _stream(client, 8, max_tokens=2000, done=long_done)
+        return result, time.monotonic()
+
+    async def run() -> tuple[list[tuple[int, int, str | None]], tuple, float, float]:
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
             tasks = [asyncio.create_task(_stream(client, i)) for i in range(8)]
+            long_task = asyncio.create_task(timed_long(client))
             await asyncio.sleep(0)
-            while server.metric("vllm:num_requests_running") < 8:
+            while server.metric("vllm:num_requests_running") < 9:
                 await asyncio.sleep(0.05)
+            sigterm_at = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
-            return await asyncio.gather(*tasks)
+            await asyncio.sleep(0.5)
+            async with httpx.AsyncClient(base_url=server.url) as fresh:
+                with pytest.raises(httpx.TransportError):  # no new connections once draining
+                    await fresh.get("/health", timeout=2)
+            results = await asyncio.gather(*tasks)
+            long, long_end = await long_task
+            return results, long, long_end, sigterm_at
 
-    results = asyncio.run(run())
+    results, long, long_end, sigterm_at = asyncio.run(run())
     assert all(r == (MAX_TOKENS, MAX_TOKENS, "length") for r in results), results
+    assert long[2] == "abort" and long[0] < 2000 and long_done, long
+    assert SHUTDOWN_TIMEOUT_S - 0.5 <= long_end - sigterm_at <= SHUTDOWN_TIMEOUT_S + 10
+    # A SIGTERM is a normal stop: once drained, the exit status is 0 (not -15).
     assert server.proc.wait(60) == 0, server.output()[-3000:]
+    assert "aborting 1 running request(s)" in server.output()

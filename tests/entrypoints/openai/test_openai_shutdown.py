@@ -35,6 +35,13 @@ def _stream(url: str, max_tokens: int, started: threading.Event, result: dict) -
     started.set()
 
 
+# Slow: its own server start-up (~8 s) plus the drain.  The default run checks the same
+# (a running stream finishes, one too long is aborted at --shutdown-timeout, no new
+# connections while draining, exit status 0, the abort logged) on the load tests' server:
+# tests/reliability/test_reliability_load.py::
+# test_sigterm_drains_running_streams_aborts_at_the_deadline_and_exits_0; several served
+# names: tests/reliability/test_reliability_friction.py::test_several_served_names.
+@pytest.mark.slow
 def test_sigterm_drains_then_aborts() -> None:
     server = RemoteServer(
         "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), "--served-model-name", "tiny-smol"

@@ -65,11 +65,12 @@ def time_batch(
     def fused() -> None:
         fused_decoder_stack(positions, hidden, parts)
 
+    linears = [lin for layer in layers for lin in layer.fused_parts()[1]]
+    inputs = {n: torch.randn(b, n) * 0.1 for n in {lin.input_size for lin in linears}}
+
     def gemms() -> None:
-        for layer in layers:
-            for lin in layer.fused_parts()[1]:
-                x = hidden if lin.input_size == hidden_size else torch.zeros(b, lin.input_size)
-                torch.ops.minivllm_cpu.q4_gemm(x, lin.qweight, lin.qscales)
+        for lin in linears:
+            torch.ops.minivllm_cpu.q4_gemm(inputs[lin.input_size], lin.qweight, lin.qscales)
 
     try:
         with torch.inference_mode():

@@ -195,7 +195,9 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   }
 
   thread_local Scratch scratch;
-  Scratch& t = scratch;  // the lambdas below run on other threads too: name this thread's
+  // The lambdas below also run on pool threads: they must reach this thread's
+  // buffers through a reference, not through the thread_local's name.
+  Scratch& t = scratch;
   t.x.resize(B * std::max(H, inter));
   t.qkv.resize(B * qkv.out);
   t.q.resize(B * qs);

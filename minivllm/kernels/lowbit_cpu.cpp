@@ -13,7 +13,7 @@ at::Tensor float_rows(const at::Tensor& x) {
   return x.to(at::kFloat).contiguous();
 }
 
-// out[M, N] = x[M, K] @ W.T for a q4-tiled weight (see the layout above).
+// out[M, N] = x[M, K] @ W.T for a q4-tiled weight (layout: lowbit_kernels.h).
 at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales) {
   const at::Tensor xf = float_rows(x);
   const int64_t M = xf.size(0), K = xf.size(1);

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.attention.decode_graph import decode_layer_boundary
+from minivllm.attention.decode_graph import DECODE_INPUTS, decode_layer_boundary
 from minivllm.attention.layer import Attention
 from minivllm.distributed import get_pp_group, get_tp_group
 from minivllm.model_executor.layers.activation import SiluAndMul
@@ -170,6 +170,8 @@ class LlamaDecoderLayer(nn.Module):
     def fuses(self, hidden: torch.Tensor) -> bool:
         """Whether this layer runs as one fused C++ call in the trace under way
         (`minivllm.model_executor.layers.fused_decoder_layer`)."""
+        if not DECODE_INPUTS.tracing:  # every eager forward asks: answer without work
+            return False
         return fusable(hidden, *self.fused_parts(), self.self_attn.q_norm is not None)
 
 

@@ -62,6 +62,7 @@ def test_fields_derived_from_configs_with_renames_and_defaults() -> None:
     assert args.ignore_patterns == ["original/**/*"]
     assert args.ignore_patterns is not EngineArgs().ignore_patterns
     assert args.optimization_level is OptimizationLevel.O2
+    assert args.prefix_cache_retention_interval == 0  # vLLM's field and default
     # a shared field is one argument, owned by the first config (the model's)
     names = [s.arg_name for s in EngineArgs._specs]
     assert names.count("max_model_len") == 1
@@ -456,16 +457,25 @@ def test_size_flags_are_the_ones_vllm_has() -> None:
         [
             "--max-num-batched-tokens",
             "8k",
+            "--max-num-scheduled-tokens",
+            "2k",
             "--kv-cache-memory-bytes",
             "2G",
             "-cc.max_cudagraph_capture_size=1K",
         ]
     )
     assert args.max_num_batched_tokens == 8000
+    assert args.max_num_scheduled_tokens == 2000
     assert args.kv_cache_memory_bytes == 2 * 2**30
     # Sizes in dotted keys too, as vLLM's parser reads them.
     assert args.user_set_paths() >= {"compilation_config.max_cudagraph_capture_size"}
     assert args.compilation_config.max_cudagraph_capture_size == 1024
+
+
+def test_a_retention_interval_minivllm_cannot_honour_is_refused_at_its_flag() -> None:
+    args = real_args(["--prefix-cache-retention-interval", "64"])
+    with pytest.raises(ValueError, match=r"^--prefix-cache-retention-interval: .*every full"):
+        args.create_engine_config()
 
 
 def test_auto_max_model_len_is_the_models_own() -> None:

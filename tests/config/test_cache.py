@@ -67,6 +67,16 @@ def test_supported_cache_dtypes(dtype: str) -> None:
     assert CacheConfig(cache_dtype=dtype).cache_dtype == dtype  # type: ignore[arg-type]
 
 
+def test_prefix_cache_retention_interval() -> None:
+    assert CacheConfig().prefix_cache_retention_interval == 0  # vLLM's default
+    # None (keep every block) is what minivllm's sliding-window groups do.
+    assert CacheConfig(prefix_cache_retention_interval=None).prefix_cache_retention_interval is None
+    with pytest.raises(ValueError, match="prefix_cache_retention_interval=512.*every full"):
+        CacheConfig(prefix_cache_retention_interval=512)
+    with pytest.raises(ValueError, match="must be >= 0 or None"):
+        CacheConfig(prefix_cache_retention_interval=-1)
+
+
 def test_unknown_cache_dtype() -> None:
     with pytest.raises(ValueError):
         CacheConfig(cache_dtype="int4")  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ import torch
 from torch import fx
 from torch._guards import detect_fake_mode
 
+from minivllm import envs
 from minivllm.compilation.cache import CompileCache, local_cache_dir
 from minivllm.compilation.compiler import PieceCompiler
 from minivllm.compilation.counter import compilation_counter
@@ -173,9 +174,7 @@ class VllmBackend:
 
 
 def _cache_disabled() -> bool:
-    import os
-
-    return os.environ.get("MINIVLLM_DISABLE_COMPILE_CACHE", "").strip().lower() in ("1", "true")
+    return envs.disable_compile_cache()
 
 
 __all__ = ["VllmBackend"]

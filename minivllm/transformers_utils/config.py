@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minivllm.logger import init_logger
+from minivllm.math_utils import round_up
 from minivllm.transformers_utils.gguf_families import gemma3_kwargs, gguf_rope_parameters
 
 if TYPE_CHECKING:
@@ -229,7 +230,7 @@ class _HeaderParser:
                 GGUFTensorInfo(name, tuple(int(d) for d in shape), type_name, int(offset))
             )
         align = int(metadata.get("general.alignment", 32))
-        data_start = -(-self._pos // align) * align
+        data_start = round_up(self._pos, align)
         return GGUFHeader(version, metadata, tuple(tensors), data_start)
 
 

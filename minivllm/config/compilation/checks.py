@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -74,7 +73,7 @@ def _inductor_deterministic_default() -> bool:
     inductor_config = sys.modules.get("torch._inductor.config")
     if inductor_config is not None:
         return bool(getattr(inductor_config, "deterministic", False))
-    return os.environ.get("TORCHINDUCTOR_DETERMINISTIC") == "1"
+    return envs.inductor_deterministic()
 
 
 def default_inductor_options(cfg: CompilationConfig) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from minivllm.config.attention_support import AttentionCGSupport
 from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode, log_once
 from minivllm.logger import init_logger
+from minivllm.math_utils import round_up
 
 if TYPE_CHECKING:
     from minivllm.config.compilation import CompilationConfig
@@ -25,10 +26,6 @@ KV_CACHE_UPDATE_OPS: tuple[str, ...] = ("minivllm::unified_kv_cache_update",)
 """KV-cache write ops. Their string argument (the layer name) stops Inductor from
 reusing one compiled piece for every layer, so the default split leaves them out of
 the compiled pieces too."""
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def set_splitting_ops_for_v1(
@@ -263,9 +260,9 @@ def adjust_cudagraph_sizes_for_spec_decode(
     assert max_size is not None, "max_cudagraph_capture_size is set with the capture sizes"
     rounded = sorted(
         {
-            _round_up(size, multiple)
+            round_up(size, multiple)
             for size in cfg.cudagraph_capture_sizes
-            if _round_up(size, multiple) <= max_size
+            if round_up(size, multiple) <= max_size
         }
     )
     if not rounded and multiple <= max_size:

@@ -1,4 +1,4 @@
-"""CacheConfig: seed 001's fields, validation, swap-space check and hash factors."""
+"""CacheConfig: vLLM's fields, validation, swap-space check and hash factors."""
 
 from __future__ import annotations
 

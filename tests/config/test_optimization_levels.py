@@ -189,9 +189,14 @@ class _CC:
         return self._kv_split
 
 
-def _cfg(ops: list[str] | None = None, tp: int = 1, quantization: str | None = None, **cc: Any):
+def _cfg(
+    ops: list[str] | None = None,
+    tp: int = 1,
+    quantization: str | None = None,
+    **compilation_fields: Any,
+):
     return SimpleNamespace(
-        compilation_config=_CC(ops or ["none"], **cc),
+        compilation_config=_CC(ops or ["none"], **compilation_fields),
         parallel_config=SimpleNamespace(tensor_parallel_size=tp),
         model_config=SimpleNamespace(
             quantization=quantization,

@@ -1,4 +1,4 @@
-"""`minivllm.config` re-exports every config class, in the seeds' module layout."""
+"""`minivllm.config` re-exports every config class, in vLLM's ``vllm.config`` module layout."""
 
 from __future__ import annotations
 

@@ -115,9 +115,11 @@ def resolve_inductor_passes(cfg: CompilationConfig) -> None:
 
 def enable_rope_op_for_rope_fusions(cfg: CompilationConfig) -> None:
     """The RoPE fusions match the custom rotary_embedding op, not its plain form."""
-    pc = cfg.pass_config
+    pass_config = cfg.pass_config
     wants_rope_op = (
-        pc.enable_qk_norm_rope_fusion or pc.fuse_rope_kvcache or pc.fuse_qk_norm_rope_kvcache
+        pass_config.enable_qk_norm_rope_fusion
+        or pass_config.fuse_rope_kvcache
+        or pass_config.fuse_qk_norm_rope_kvcache
     )
     if wants_rope_op and "+rotary_embedding" not in cfg.custom_ops:
         cfg.custom_ops.append("+rotary_embedding")

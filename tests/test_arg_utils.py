@@ -123,18 +123,21 @@ def test_compilation_config_forms_merge_in_order() -> None:
         ]
     )
     # The pieces merge in order into one config object (vLLM's parsed value).
-    cc = args.compilation_config
-    assert isinstance(cc, CompilationConfig)
-    assert cc.mode is CompilationMode.VLLM_COMPILE and cc.backend == "inductor"
-    assert cc.cudagraph_capture_sizes == [1, 2, 4]
-    assert cc.pass_config.fuse_norm_quant is True
-    assert cc.cudagraph_mode is CUDAGraphMode.PIECEWISE
+    compilation_config = args.compilation_config
+    assert isinstance(compilation_config, CompilationConfig)
+    assert (
+        compilation_config.mode is CompilationMode.VLLM_COMPILE
+        and compilation_config.backend == "inductor"
+    )
+    assert compilation_config.cudagraph_capture_sizes == [1, 2, 4]
+    assert compilation_config.pass_config.fuse_norm_quant is True
+    assert compilation_config.cudagraph_mode is CUDAGraphMode.PIECEWISE
 
 
 def test_later_json_merges_over_earlier_dotted() -> None:
-    cc = parse(["-cc.mode=3", "-cc.backend=eager", "--compilation-config", '{"mode": 0}'])
-    assert cc.compilation_config.mode is CompilationMode.NONE
-    assert cc.compilation_config.backend == "eager"
+    merged = parse(["-cc.mode=3", "-cc.backend=eager", "--compilation-config", '{"mode": 0}'])
+    assert merged.compilation_config.mode is CompilationMode.NONE
+    assert merged.compilation_config.backend == "eager"
 
 
 def test_user_set_paths() -> None:
@@ -562,9 +565,13 @@ def test_compilation_config_flag_values_are_config_objects() -> None:
     assert parser.parse_args([]).compilation_config == CompilationConfig()
     text = '{"mode": 3, "cudagraph_capture_sizes": [1, 2, 4, 8], "backend": "eager"}'
     for argv in (["-cc", text], [f"--compilation-config={text}"]):
-        cc = parser.parse_args(argv).compilation_config
-        assert isinstance(cc, CompilationConfig)
-        assert (cc.mode, cc.cudagraph_capture_sizes, cc.backend) == (3, [1, 2, 4, 8], "eager")
+        compilation_config = parser.parse_args(argv).compilation_config
+        assert isinstance(compilation_config, CompilationConfig)
+        assert (
+            compilation_config.mode,
+            compilation_config.cudagraph_capture_sizes,
+            compilation_config.backend,
+        ) == (3, [1, 2, 4, 8], "eager")
     # A fresh default per parse: changing one never leaks into the next.
     parser.parse_args([]).compilation_config.custom_ops.append("+rms_norm")
     assert parser.parse_args([]).compilation_config.custom_ops == []

@@ -203,12 +203,7 @@ def _fit_mixed_batches(
     msg = backend.unsupported(mode)
     if backend.support == AttentionCGSupport.NEVER:
         raise ValueError(msg + _USE_PIECEWISE)
-    if cfg.splitting_ops_contain_attention():
-        mode = CUDAGraphMode.FULL_AND_PIECEWISE
-    else:
-        mode = CUDAGraphMode.FULL_DECODE_ONLY
-    logger.warning("%s; setting cudagraph_mode=%s", msg, mode.name)
-    return mode
+    return _downgrade(cfg, msg, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY)
 
 
 def _fit_decode_batches(
@@ -243,11 +238,22 @@ def _fit_verification_batches(
     ):
         return mode
     msg = backend.unsupported(mode, " with speculative decoding")
+    return _downgrade(cfg, msg, CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE)
+
+
+def _downgrade(
+    cfg: CompilationConfig,
+    why: str,
+    attention_split_out: CUDAGraphMode,
+    attention_compiled_in: CUDAGraphMode,
+) -> CUDAGraphMode:
+    """The mode to fall back to, by whether the splitting ops keep attention out of the
+    compiled pieces (then it runs between piecewise graphs); logged with ``why``."""
     if cfg.splitting_ops_contain_attention():
-        mode = CUDAGraphMode.PIECEWISE
+        mode = attention_split_out
     else:
-        mode = CUDAGraphMode.NONE
-    logger.warning("%s; setting cudagraph_mode=%s", msg, mode.name)
+        mode = attention_compiled_in
+    logger.warning("%s; setting cudagraph_mode=%s", why, mode.name)
     return mode
 
 

@@ -126,12 +126,12 @@ def _worker(args: argparse.Namespace) -> None:
     )
     engine = LLMEngine.from_engine_args(engine_args)
     startup = time.perf_counter() - t0
-    cc = engine.vllm_config.compilation_config
+    compilation_config = engine.vllm_config.compilation_config
     _decode(engine, timers, max(args.batch_sizes), args, "warmup")  # first-call costs stay out
     ready = {
         "startup_s": startup,
-        "compile_s": cc.compilation_time,
-        "mode": cc.mode.name if cc.mode is not None else "NONE",
+        "compile_s": compilation_config.compilation_time,
+        "mode": compilation_config.mode.name if compilation_config.mode is not None else "NONE",
         "dtype": str(engine.vllm_config.model_config.dtype).removeprefix("torch."),
     }
     print("READY " + json.dumps(ready), flush=True)

@@ -228,7 +228,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Timers]:
 
 def measure(engine: Any, timers: Timers, args: argparse.Namespace) -> dict[str, Any]:
     """Clean decode tokens/s, then one timed run's split of the step."""
-    cc = engine.vllm_config.compilation_config
+    compilation_config = engine.vllm_config.compilation_config
     clean = [_decode_steps(engine, args.steps, args.prompt_len, "clean") for _ in range(2)]
     tok_s = sum(n for n, _ in clean) / sum(t for _, t in clean)
     timers.reset()
@@ -250,7 +250,7 @@ def measure(engine: Any, timers: Timers, args: argparse.Namespace) -> dict[str, 
     layer_bytes, head_bytes = weight_bytes(runner_of(engine).model)
     return {
         "config": f"{args.quantization} -O{args.level}",
-        "mode": cc.mode.name if cc.mode is not None else "NONE",
+        "mode": compilation_config.mode.name if compilation_config.mode is not None else "NONE",
         "dtype": str(engine.vllm_config.model_config.dtype).removeprefix("torch."),
         "tok_s": tok_s,
         "step_ms": step,

@@ -199,15 +199,19 @@ def main() -> None:
 
     engine_args = EngineArgs.from_cli_args(args)
     engine = LLMEngine.from_engine_args(engine_args)
-    mc = engine.model_config
+    model_config = engine.model_config
     tokenizer = engine.get_tokenizer()
     special = set(tokenizer.all_special_ids)
-    torch_dtype = mc.dtype if isinstance(mc.dtype, torch.dtype) else getattr(torch, str(args.dtype))
+    torch_dtype = (
+        model_config.dtype
+        if isinstance(model_config.dtype, torch.dtype)
+        else getattr(torch, str(args.dtype))
+    )
     names = ["a", "b"] if args.workload == "all" else [args.workload]
     workloads = {
         n: make_requests(
             WORKLOADS[n], args.num_requests or WORKLOADS[n].num_requests, args.seed,
-            mc.get_vocab_size(), special,
+            model_config.get_vocab_size(), special,
         )
         for n in names
     }  # fmt: skip
@@ -218,7 +222,7 @@ def main() -> None:
     for n in names:
         rows.append((n, run_minivllm(engine, workloads[n])))
         print(f"minivllm {n}: {rows[-1][1].output_tps:.1f} output tok/s", flush=True)
-    model_path = str(mc.model)
+    model_path = str(model_config.model)
     del engine
     gc.collect()
 

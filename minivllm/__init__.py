@@ -6,17 +6,17 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from minivllm import envs
 
 # How long idle OpenMP threads spin before sleeping.  libgomp's default (~300k spins)
 # made decode 2-30x slower when another process wanted the same cores; sleeping at once
 # (OMP_WAIT_POLICY=PASSIVE) made it 1.2-1.45x slower on an idle machine, since every
 # parallel region then waits for a futex wake-up.  A short spin keeps most of the speed
-# and costs ~1.2x under contention (`benchmarks/omp_wait.py`, README "Machine notes").  It must be set before
-# torch loads libgomp; a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "1000"
+# and costs ~1.2x under contention (`benchmarks/omp_wait.py`, README "Machine notes").
+# It must be set before torch loads libgomp; a user's own choice wins.
+envs.set_default_omp_spin()
 
 __version__ = "0.1.0"
 

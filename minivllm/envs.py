@@ -55,3 +55,81 @@ def cpu_fused_layers() -> bool:
     `minivllm.model_executor.layers.fused_decoder_layer`); 0 traces the layers'
     own ops instead (same results up to float rounding)."""
     return _flag("MINIVLLM_CPU_FUSED_LAYERS", default=True)
+
+
+def cpu_threads() -> int | None:
+    """``MINIVLLM_CPU_THREADS``: torch threads for the whole engine on CPU (split over
+    its ranks); None when unset (the usable cores, `minivllm.platforms.cpu`)."""
+    raw = os.environ.get("MINIVLLM_CPU_THREADS", "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"MINIVLLM_CPU_THREADS must be a whole number >= 1, got {raw!r}")
+    return value
+
+
+def cpu_kernels() -> bool:
+    """``MINIVLLM_CPU_KERNELS`` (default on): 0 never builds or loads minivllm's C++ CPU
+    ops, so the low-bit layers fall back to torch."""
+    return os.environ.get("MINIVLLM_CPU_KERNELS", "1") != "0"
+
+
+def cxx_compiler() -> str | None:
+    """``CXX``: the C++ compiler that builds the CPU ops (default: g++ or c++ on PATH)."""
+    return os.environ.get("CXX") or None
+
+
+def cpu_decode_graph() -> bool:
+    """``MINIVLLM_CPU_DECODE_GRAPH`` (default on): 0 runs CPU decode steps through the
+    ordinary forward instead of the one-graph decode step."""
+    return os.environ.get("MINIVLLM_CPU_DECODE_GRAPH", "1") != "0"
+
+
+def cpu_packed_gemm() -> bool:
+    """``MINIVLLM_CPU_PACKED_GEMM`` (default on): 0 leaves linear weights unpacked
+    instead of packing them for oneDNN."""
+    return os.environ.get("MINIVLLM_CPU_PACKED_GEMM", "1") != "0"
+
+
+def disable_compile_cache() -> bool:
+    """``MINIVLLM_DISABLE_COMPILE_CACHE``: 1 compiles every start afresh."""
+    return os.environ.get("MINIVLLM_DISABLE_COMPILE_CACHE", "").strip().lower() in ("1", "true")
+
+
+def malloc_tuned_by_user() -> bool:
+    """Whether ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` is set (the
+    user's glibc tuning then wins over the worker's)."""
+    return any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"))
+
+
+def inductor_deterministic() -> bool:
+    """``TORCHINDUCTOR_DETERMINISTIC=1``: Inductor's own switch, read before Inductor
+    is imported."""
+    return os.environ.get("TORCHINDUCTOR_DETERMINISTIC") == "1"
+
+
+def ray_address() -> str | None:
+    """``RAY_ADDRESS``: the Ray cluster the "ray" executor joins (None: start one)."""
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+def ray_worker_env() -> dict[str, str]:
+    """The variables a Ray actor needs from this process: the import path and the
+    cache root (actors start from the cluster's environment, not ours)."""
+    return {k: os.environ[k] for k in ("PYTHONPATH", "MINIVLLM_CACHE_ROOT") if k in os.environ}
+
+
+def openai_api_key() -> str | None:
+    """``OPENAI_API_KEY``: the bearer token ``minivllm bench serve`` sends by default."""
+    return os.environ.get("OPENAI_API_KEY")
+
+
+def set_default_omp_spin() -> None:
+    """Give libgomp a short spin (``GOMP_SPINCOUNT=1000``) unless the user chose one
+    (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``); it must run before torch loads libgomp."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = "1000"

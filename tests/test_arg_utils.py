@@ -62,6 +62,7 @@ def test_fields_derived_from_configs_with_renames_and_defaults() -> None:
     assert args.ignore_patterns == ["original/**/*"]
     assert args.ignore_patterns is not EngineArgs().ignore_patterns
     assert args.optimization_level is OptimizationLevel.O2
+    assert args.prefix_cache_retention_interval == 0  # vLLM's field and default
     # a shared field is one argument, owned by the first config (the model's)
     names = [s.arg_name for s in EngineArgs._specs]
     assert names.count("max_model_len") == 1
@@ -122,18 +123,21 @@ def test_compilation_config_forms_merge_in_order() -> None:
         ]
     )
     # The pieces merge in order into one config object (vLLM's parsed value).
-    cc = args.compilation_config
-    assert isinstance(cc, CompilationConfig)
-    assert cc.mode is CompilationMode.VLLM_COMPILE and cc.backend == "inductor"
-    assert cc.cudagraph_capture_sizes == [1, 2, 4]
-    assert cc.pass_config.fuse_norm_quant is True
-    assert cc.cudagraph_mode is CUDAGraphMode.PIECEWISE
+    compilation_config = args.compilation_config
+    assert isinstance(compilation_config, CompilationConfig)
+    assert (
+        compilation_config.mode is CompilationMode.VLLM_COMPILE
+        and compilation_config.backend == "inductor"
+    )
+    assert compilation_config.cudagraph_capture_sizes == [1, 2, 4]
+    assert compilation_config.pass_config.fuse_norm_quant is True
+    assert compilation_config.cudagraph_mode is CUDAGraphMode.PIECEWISE
 
 
 def test_later_json_merges_over_earlier_dotted() -> None:
-    cc = parse(["-cc.mode=3", "-cc.backend=eager", "--compilation-config", '{"mode": 0}'])
-    assert cc.compilation_config.mode is CompilationMode.NONE
-    assert cc.compilation_config.backend == "eager"
+    merged = parse(["-cc.mode=3", "-cc.backend=eager", "--compilation-config", '{"mode": 0}'])
+    assert merged.compilation_config.mode is CompilationMode.NONE
+    assert merged.compilation_config.backend == "eager"
 
 
 def test_user_set_paths() -> None:
@@ -456,16 +460,25 @@ def test_size_flags_are_the_ones_vllm_has() -> None:
         [
             "--max-num-batched-tokens",
             "8k",
+            "--max-num-scheduled-tokens",
+            "2k",
             "--kv-cache-memory-bytes",
             "2G",
             "-cc.max_cudagraph_capture_size=1K",
         ]
     )
     assert args.max_num_batched_tokens == 8000
+    assert args.max_num_scheduled_tokens == 2000
     assert args.kv_cache_memory_bytes == 2 * 2**30
     # Sizes in dotted keys too, as vLLM's parser reads them.
     assert args.user_set_paths() >= {"compilation_config.max_cudagraph_capture_size"}
     assert args.compilation_config.max_cudagraph_capture_size == 1024
+
+
+def test_a_retention_interval_minivllm_cannot_honour_is_refused_at_its_flag() -> None:
+    args = real_args(["--prefix-cache-retention-interval", "64"])
+    with pytest.raises(ValueError, match=r"^--prefix-cache-retention-interval: .*every full"):
+        args.create_engine_config()
 
 
 def test_auto_max_model_len_is_the_models_own() -> None:
@@ -552,9 +565,13 @@ def test_compilation_config_flag_values_are_config_objects() -> None:
     assert parser.parse_args([]).compilation_config == CompilationConfig()
     text = '{"mode": 3, "cudagraph_capture_sizes": [1, 2, 4, 8], "backend": "eager"}'
     for argv in (["-cc", text], [f"--compilation-config={text}"]):
-        cc = parser.parse_args(argv).compilation_config
-        assert isinstance(cc, CompilationConfig)
-        assert (cc.mode, cc.cudagraph_capture_sizes, cc.backend) == (3, [1, 2, 4, 8], "eager")
+        compilation_config = parser.parse_args(argv).compilation_config
+        assert isinstance(compilation_config, CompilationConfig)
+        assert (
+            compilation_config.mode,
+            compilation_config.cudagraph_capture_sizes,
+            compilation_config.backend,
+        ) == (3, [1, 2, 4, 8], "eager")
     # A fresh default per parse: changing one never leaks into the next.
     parser.parse_args([]).compilation_config.custom_ops.append("+rms_norm")
     assert parser.parse_args([]).compilation_config.custom_ops == []

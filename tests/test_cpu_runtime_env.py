@@ -65,3 +65,27 @@ def test_user_malloc_tuning_wins(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")
     assert configure_cpu_malloc() is False
+
+
+def test_cpu_threads_are_decided_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    from minivllm.platforms.cpu import cpu_threads_per_rank, usable_cpu_cores
+
+    monkeypatch.delenv("MINIVLLM_CPU_THREADS", raising=False)
+    assert cpu_threads_per_rank(1) == usable_cpu_cores()
+    monkeypatch.setenv("MINIVLLM_CPU_THREADS", "6")
+    assert [cpu_threads_per_rank(n) for n in (1, 2, 4, 8)] == [6, 3, 1, 1]
+    monkeypatch.setenv("MINIVLLM_CPU_THREADS", "two")
+    with pytest.raises(ValueError, match="MINIVLLM_CPU_THREADS must be a whole number"):
+        cpu_threads_per_rank(1)
+
+
+def test_a_rank_gets_its_threads_as_an_argument_not_through_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from minivllm.config.vllm import VllmConfig
+    from minivllm.executor.rank_worker import RankWorker
+
+    monkeypatch.delenv("MINIVLLM_CPU_THREADS", raising=False)
+    rank = RankWorker(VllmConfig(), rank=0, local_rank=0, cpu_threads=3)
+    assert rank.cpu_threads == 3
+    assert "MINIVLLM_CPU_THREADS" not in os.environ

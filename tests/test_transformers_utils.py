@@ -64,12 +64,12 @@ def test_is_gguf(tmp_path: Path) -> None:
 def test_default_gguf_metadata_is_read_fast_and_matches_gguf_reader() -> None:
     path = default_model_path()
     start = time.perf_counter()
-    md = read_gguf_metadata(path)
+    metadata = read_gguf_metadata(path)
     elapsed = time.perf_counter() - start
-    assert md["general.architecture"] == "llama"
-    assert md["llama.block_count"] == 30
-    assert md["llama.embedding_length"] == 576
-    tokens = md["tokenizer.ggml.tokens"]
+    assert metadata["general.architecture"] == "llama"
+    assert metadata["llama.block_count"] == 30
+    assert metadata["llama.embedding_length"] == 576
+    tokens = metadata["tokenizer.ggml.tokens"]
     assert isinstance(tokens, GGUFArray) and len(tokens) == 49152
     # GGUFReader takes seconds on this file; the header walk must not.
     assert elapsed < 2.0
@@ -77,16 +77,16 @@ def test_default_gguf_metadata_is_read_fast_and_matches_gguf_reader() -> None:
 
 def test_full_arrays_match_gguf_reader(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", vocab=100)
-    md = read_gguf_metadata(path, full_arrays={"tokenizer.ggml.tokens"})
+    metadata = read_gguf_metadata(path, full_arrays={"tokenizer.ggml.tokens"})
     reader = gguf.GGUFReader(str(path))
     for key, f in reader.fields.items():
         if key.startswith("GGUF."):
             continue
         expected = f.contents()
         if isinstance(expected, float):
-            assert md[key] == pytest.approx(expected)
+            assert metadata[key] == pytest.approx(expected)
         else:
-            assert md[key] == expected, key
+            assert metadata[key] == expected, key
     header = read_gguf_header(path)
     assert [t.name for t in header.tensors] == [t.name for t in reader.tensors]
     assert header.tensors[0].ggml_type == "F16"

@@ -98,6 +98,7 @@ ALIASES = {
 PARSERS = {
     "max_model_len": human_readable_int_or_auto,
     "max_num_batched_tokens": human_readable_int,
+    "max_num_scheduled_tokens": human_readable_int,
     "kv_cache_memory_bytes": human_readable_int,
 }
 """Integer flags that take sizes such as ``8k`` / ``8K`` (and ``auto``), the ones vLLM's do."""

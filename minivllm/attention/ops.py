@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.paged_kv import is_fp8
+from minivllm.math_utils import cdiv
 
 
 def fp8_max(dtype: torch.dtype) -> float:
@@ -82,7 +83,7 @@ def gather_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``seq_len`` cached K and V rows of one request, [seq_len, nkv, hd] each."""
     block_size = kv_cache.shape[2]
-    num_blocks = -(-seq_len // block_size)
+    num_blocks = cdiv(seq_len, block_size)
     blocks = kv_cache.index_select(1, block_table[:num_blocks])
     kv = blocks.flatten(1, 2)[:, :seq_len]
     return (
@@ -105,7 +106,7 @@ def gather_kv_batched(
     own length hold whatever its table points at and must be masked.
     """
     block_size = kv_cache.shape[2]
-    num_blocks = -(-max_seq_len // block_size)
+    num_blocks = cdiv(max_seq_len, block_size)
     tables = block_tables[:, :num_blocks]
     b = tables.shape[0]
     # index_select over the flattened table is the cheapest gather on CPU.

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.math_utils import cdiv
 
 _NAMED_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -104,7 +105,7 @@ def build_attention_metadata(
     """
     slots: list[int] = []
     for q_len, s_len, table in zip(query_lens, seq_lens, block_tables, strict=True):
-        if not 0 <= q_len <= s_len or -(-s_len // block_size) > len(table):
+        if not 0 <= q_len <= s_len or cdiv(s_len, block_size) > len(table):
             raise ValueError(f"query_len {q_len} / seq_len {s_len} / {len(table)} blocks mismatch")
         for pos in range(s_len - q_len, s_len):
             slots.append(table[pos // block_size] * block_size + pos % block_size)

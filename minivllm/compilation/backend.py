@@ -19,6 +19,7 @@ import torch
 from torch import fx
 from torch._guards import detect_fake_mode
 
+from minivllm import envs
 from minivllm.compilation.cache import CompileCache, local_cache_dir
 from minivllm.compilation.compiler import PieceCompiler
 from minivllm.compilation.counter import compilation_counter
@@ -113,32 +114,36 @@ class VllmBackend:
         return local_cache_dir(self.vllm_config, self.prefix)
 
     def _make_compiler(self) -> PieceCompiler:
-        cc = self.compilation_config
+        compilation_config = self.compilation_config
         cache = None
         if self.use_inductor and not _cache_disabled():
             # Only the model forward's directory is the config's local_cache_dir.
             directory = local_cache_dir(
                 self.vllm_config, self.prefix, record=self.splitting_ops is None
             )
-            cache = CompileCache(directory, cc.compile_cache_save_format)
-            logger.info("compile cache: %s (%s)", directory, cc.compile_cache_save_format)
-        return PieceCompiler(self.use_inductor, cc.inductor_compile_config, cache)
+            cache = CompileCache(directory, compilation_config.compile_cache_save_format)
+            logger.info(
+                "compile cache: %s (%s)", directory, compilation_config.compile_cache_save_format
+            )
+        return PieceCompiler(self.use_inductor, compilation_config.inductor_compile_config, cache)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
-        cc = self.compilation_config
+        compilation_config = self.compilation_config
         compilation_counter.num_graphs_seen += 1
-        passes = run_passes(gm, cc.pass_config)
+        passes = run_passes(gm, compilation_config.pass_config)
         splitting_ops = list(
-            cc.splitting_ops or [] if self.splitting_ops is None else self.splitting_ops
+            compilation_config.splitting_ops or []
+            if self.splitting_ops is None
+            else self.splitting_ops
         )
         self.split_gm, self.items = split_graph(gm, splitting_ops)
         to_compile = [item for item in self.items if not item.is_splitting_graph]
         compilation_counter.num_piecewise_graphs_seen += len(to_compile)
         compilation_counter.num_splitting_ops_seen += len(self.items) - len(to_compile)
         self.compiler = self._make_compiler()
-        ranges = [] if self.one_range else cc.get_compile_ranges()
-        sizes = [] if self.one_range else [int(s) for s in cc.compile_sizes or []]
+        ranges = [] if self.one_range else compilation_config.get_compile_ranges()
+        sizes = [] if self.one_range else [int(s) for s in compilation_config.compile_sizes or []]
         num_pieces = len(to_compile)
 
         def make_piece(name: str, submod: fx.GraphModule, args: list[Any]) -> Callable[..., Any]:
@@ -167,15 +172,13 @@ class VllmBackend:
             len(self.items) - num_pieces,
             passes,
             elapsed,
-            cc.backend,
+            compilation_config.backend,
         )
         return self.split_gm
 
 
 def _cache_disabled() -> bool:
-    import os
-
-    return os.environ.get("MINIVLLM_DISABLE_COMPILE_CACHE", "").strip().lower() in ("1", "true")
+    return envs.disable_compile_cache()
 
 
 __all__ = ["VllmBackend"]
@@ -193,22 +196,25 @@ def init_backend(
     `VllmBackend` for VLLM_COMPILE.  ``prefix`` names this module's cache directory;
     ``is_encoder`` marks a multimodal encoder; ``use_aot_compile`` lets VLLM_COMPILE
     save the Dynamo trace with the compile cache (`minivllm.compilation.aot`)."""
-    cc = vllm_config.compilation_config
-    if cc.mode is None:
+    compilation_config = vllm_config.compilation_config
+    if compilation_config.mode is None:
         raise ValueError(
             "No compilation mode is set; build the config through VllmConfig, which "
             "chooses one, or set mode explicitly."
         )
-    if cc.mode == CompilationMode.NONE:
+    if compilation_config.mode == CompilationMode.NONE:
         raise ValueError("Compilation mode is NONE: there is no backend to initialize.")
-    if cc.mode in (CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE):
+    if compilation_config.mode in (
+        CompilationMode.STOCK_TORCH_COMPILE,
+        CompilationMode.DYNAMO_TRACE_ONCE,
+    ):
         from torch._dynamo.backends.registry import list_backends
 
-        if cc.backend in list_backends(exclude_tags=()):
-            return cc.backend
-        return resolve_obj_by_qualname(cc.backend)
-    if cc.backend not in ("eager", "inductor"):
-        logger.info("Using the custom backend %r for compilation.", cc.backend)
+        if compilation_config.backend in list_backends(exclude_tags=()):
+            return compilation_config.backend
+        return resolve_obj_by_qualname(compilation_config.backend)
+    if compilation_config.backend not in ("eager", "inductor"):
+        logger.info("Using the custom backend %r for compilation.", compilation_config.backend)
     return VllmBackend(
         vllm_config, prefix=prefix, is_encoder=is_encoder, use_aot_compile=use_aot_compile
     )

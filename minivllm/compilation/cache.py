@@ -37,12 +37,16 @@ def default_cache_dir(vllm_config: VllmConfig) -> Path:
 def local_cache_dir(vllm_config: VllmConfig, prefix: str, record: bool = True) -> Path:
     """This rank's directory for the module ``prefix``; also recorded in the config
     (``compilation_config.local_cache_dir``) unless ``record`` is False."""
-    cc = vllm_config.compilation_config
-    base = Path(cc.cache_dir).expanduser() if cc.cache_dir else default_cache_dir(vllm_config)
+    compilation_config = vllm_config.compilation_config
+    base = (
+        Path(compilation_config.cache_dir).expanduser()
+        if compilation_config.cache_dir
+        else default_cache_dir(vllm_config)
+    )
     rank = vllm_config.parallel_config.rank
     path = base / f"rank_{rank}" / (prefix or "model")
     if record:
-        cc.local_cache_dir = str(path)
+        compilation_config.local_cache_dir = str(path)
     return path
 
 

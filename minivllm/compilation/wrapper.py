@@ -77,9 +77,9 @@ class ModelForward:
     def __init__(self, model: nn.Module, vllm_config: VllmConfig, prefix: str = "model") -> None:
         self.model = model
         self.vllm_config = vllm_config
-        cc = vllm_config.compilation_config
-        self.mode = CompilationMode(cc.mode or CompilationMode.NONE)
-        self.dynamic_type = cc.dynamic_shapes_config.type
+        compilation_config = vllm_config.compilation_config
+        self.mode = CompilationMode(compilation_config.mode or CompilationMode.NONE)
+        self.dynamic_type = compilation_config.dynamic_shapes_config.type
         self.backend: Any = None
         self.counting: _CountingBackend | None = None
         self._fn: Callable[..., torch.Tensor] = model
@@ -88,7 +88,7 @@ class ModelForward:
         if self.mode == CompilationMode.NONE:
             return
         compilation_counter.num_models_seen += 1
-        strict = cc.dynamic_shapes_config.evaluate_guards
+        strict = compilation_config.dynamic_shapes_config.evaluate_guards
         # A saved trace runs without guards, so evaluate_guards rules it out.
         allow_aot = envs.use_aot_compile() and not strict
         self.backend = init_backend(vllm_config, prefix=prefix, use_aot_compile=allow_aot)

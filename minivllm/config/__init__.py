@@ -6,23 +6,12 @@ CompilationConfig, CUDAGraphMode`` works.  Importing this package loads torch
 import it.
 """
 
+from minivllm.config import compilation
 from minivllm.config.attention import AttentionConfig, HiSparseConfig
-from minivllm.config.attention_support import AttentionCGSupport
 from minivllm.config.cache import CacheConfig
-from minivllm.config.compilation import (
-    CompilationConfig,
-    CompilationMode,
-    CUDAGraphMode,
-    DynamicShapesConfig,
-    DynamicShapesType,
-    PassConfig,
-    Range,
-    decode_cudagraph_capture_grid,
-    decode_cudagraph_capture_max_tokens,
-    decode_cudagraph_capture_shapes,
-    prefill_cudagraph_capture_grid,
-    varlen_decode_cudagraph_capture_grid,
-)
+
+# The compilation package's names, as listed once in its __all__.
+from minivllm.config.compilation import *  # noqa: F403
 from minivllm.config.device import DeviceConfig
 from minivllm.config.kernel import IrOpPriorityConfig, KernelConfig
 from minivllm.config.load import LoadConfig
@@ -63,17 +52,11 @@ from minivllm.config.vllm import (
 
 __all__ = [
     "OPTIMIZATION_LEVEL_TO_CONFIG",
-    "AttentionCGSupport",
     "AttentionConfig",
     "AuxOutputConfig",
-    "CUDAGraphMode",
     "CacheConfig",
-    "CompilationConfig",
-    "CompilationMode",
     "DeviceConfig",
     "DiffusionConfig",
-    "DynamicShapesConfig",
-    "DynamicShapesType",
     "ECTransferConfig",
     "EncoderCacheManagerConfig",
     "EngramConfig",
@@ -92,11 +75,9 @@ __all__ = [
     "OffloadConfig",
     "OptimizationLevel",
     "ParallelConfig",
-    "PassConfig",
     "PrefetchOffloadConfig",
     "ProfilerConfig",
     "QuantizationConfig",
-    "Range",
     "ReasoningConfig",
     "SchedulerConfig",
     "SpeculativeConfig",
@@ -105,13 +86,9 @@ __all__ = [
     "VllmConfig",
     "WatermarkConfig",
     "WeightTransferConfig",
-    "decode_cudagraph_capture_grid",
-    "decode_cudagraph_capture_max_tokens",
-    "decode_cudagraph_capture_shapes",
     "get_cached_compilation_config",
     "get_current_vllm_config",
     "get_layers_from_vllm_config",
-    "prefill_cudagraph_capture_grid",
     "set_current_vllm_config",
-    "varlen_decode_cudagraph_capture_grid",
+    *compilation.__all__,
 ]

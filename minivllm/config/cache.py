@@ -80,6 +80,15 @@ class CacheConfig:
     "sha256" hashes a pickle of the block's tokens and parent hash;
     "sha256_cbor" hashes canonical CBOR instead, which is reproducible across
     processes and languages."""
+    prefix_cache_retention_interval: int | None = 0
+    """Tokens between the prefix-cache checkpoints vLLM keeps for sliding-window (and
+    Mamba) layers; 0 keeps only the boundaries a later request can resume from (the
+    end of a prompt, where prompts diverge), None keeps every full block.  It thins
+    out what such layers leave in the cache so that their short-lived blocks do not
+    crowd out other prompts' prefixes.  minivllm keeps every full block of its
+    sliding-window layers, which is None; 0 is accepted as the default (on models
+    without sliding windows there is nothing to thin out, in vLLM either), a positive
+    interval is refused."""
     cpu_offload_gb: float = 0
     """GiB of model weights to keep in CPU memory per GPU and stream in on each
     forward pass. Must be >= 0; minivllm does not offload weights, so only 0 is
@@ -165,6 +174,12 @@ class CacheConfig:
         allowed = get_args(BlockSize)
         if self.block_size is not None and self.block_size not in allowed:
             raise ValueError(f"block_size must be one of {list(allowed)}, got {self.block_size}")
+        interval = self.prefix_cache_retention_interval
+        if interval is not None and interval < 0:
+            raise ValueError(
+                f"prefix_cache_retention_interval must be >= 0 or None, got {interval}; "
+                "use 0 (the default) or None"
+            )
         for name in ("num_gpu_blocks_override", "cpu_kvcache_space_bytes", "kv_cache_memory_bytes"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -207,6 +222,12 @@ class CacheConfig:
             problems.append(f"cpu_offload_gb={self.cpu_offload_gb} (weight offloading; use 0)")
         if self.kv_offloading_size is not None:
             problems.append(f"kv_offloading_size={self.kv_offloading_size} (KV offloading)")
+        if self.prefix_cache_retention_interval:
+            problems.append(
+                f"prefix_cache_retention_interval={self.prefix_cache_retention_interval} "
+                "(minivllm keeps every full sliding-window block in the prefix cache and "
+                "cannot thin them out; use 0 or None)"
+            )
         mamba_defaults: dict[str, Any] = {
             "mamba_page_size_padded": None,
             "mamba_cache_dtype": "auto",

@@ -11,24 +11,31 @@ if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
 
 NATIVE = "native"
+VLLM_C = "vllm_c"
+KNOWN_IMPLEMENTATIONS = (NATIVE, VLLM_C)
+"""Names an op priority may hold: "native" (minivllm's own torch code) and "vllm_c"
+(vLLM's CUDA kernels, which minivllm lacks: an op skips it and runs the next name; it
+still heads the list for the fusion defaults, which is why CUDA prefers it without
+Inductor, see `CudaPlatform.default_ir_op_priority`)."""
 
 
 @config
 class IrOpPriorityConfig:
     """Preferred implementations of each fusable op, best first."""
 
-    rms_norm: list[str] = field(default_factory=lambda: [NATIVE])
-    """Implementations of RMSNorm to try, in order. An empty list is filled
-    with ``["native"]`` by `KernelConfig.set_platform_defaults`."""
-    fused_add_rms_norm: list[str] = field(default_factory=lambda: [NATIVE])
+    rms_norm: list[str] = field(default_factory=list)
+    """Implementations of RMSNorm to try, in order. `KernelConfig.set_platform_defaults`
+    appends the platform's preference (``["native"]`` on CPU) to what is given here."""
+    fused_add_rms_norm: list[str] = field(default_factory=list)
     """Implementations of residual-add + RMSNorm, in order (as ``rms_norm``)."""
 
     def fill_defaults(self, default: list[str]) -> None:
-        """Give every op left empty the ``default`` priority list."""
-        if not self.rms_norm:
-            self.rms_norm = list(default)
-        if not self.fused_add_rms_norm:
-            self.fused_add_rms_norm = list(default)
+        """Append the ``default`` names each op's list does not hold yet (the user's
+        names stay first)."""
+        self.rms_norm = self.rms_norm + [n for n in default if n not in self.rms_norm]
+        self.fused_add_rms_norm = self.fused_add_rms_norm + [
+            n for n in default if n not in self.fused_add_rms_norm
+        ]
 
 
 @config
@@ -36,8 +43,9 @@ class KernelConfig:
     """Configuration for kernel selection and warm-up."""
 
     ir_op_priority: IrOpPriorityConfig = field(default_factory=IrOpPriorityConfig)
-    """Implementation priority per op. minivllm implements "native" (PyTorch)
-    only; any other name is refused."""
+    """Implementation priority per op. minivllm implements "native" (PyTorch) only;
+    "vllm_c" is accepted for the fusion defaults (see `KNOWN_IMPLEMENTATIONS`), any
+    other name is refused."""
     enable_flashinfer_autotune: bool | None = None
     """Autotune FlashInfer kernels at start-up. None is filled in by the
     optimization level (False at O0, True above). minivllm has no FlashInfer,
@@ -50,14 +58,17 @@ class KernelConfig:
         self.check_supported()
 
     def set_platform_defaults(self, vllm_config: VllmConfig) -> None:
-        """Fill op priorities left empty (after compilation mode and backend are known)."""
-        self.ir_op_priority.fill_defaults([NATIVE])
+        """Append the platform's op priorities (after compilation mode and backend are
+        known, before the fusion defaults that read them)."""
+        from minivllm.platforms import current_platform
+
+        self.ir_op_priority.fill_defaults(current_platform.default_ir_op_priority(vllm_config))
 
     def check_supported(self) -> None:
-        """Only the native implementations exist."""
+        """Only the native implementations exist (and vLLM's name for its CUDA ones)."""
         for op in ("rms_norm", "fused_add_rms_norm"):
             names = getattr(self.ir_op_priority, op)
-            unknown = [n for n in names if n != NATIVE]
+            unknown = [n for n in names if n not in KNOWN_IMPLEMENTATIONS]
             if unknown:
                 raise ValueError(
                     f"kernel_config.ir_op_priority.{op}={names}: minivllm only implements "

@@ -75,11 +75,11 @@ def _ir_priority_head(cfg: VllmConfig, op: Literal["rms_norm", "fused_add_rms_no
 def enable_norm_fusion(cfg: VllmConfig) -> bool:
     """On when the RMSNorm or fp8-quant custom op runs (or RMSNorm is not the native IR
     implementation); otherwise Inductor fuses the plain torch ops by itself."""
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     head = _ir_priority_head(cfg, "rms_norm")
     return (
-        cc.is_custom_op_enabled("rms_norm")
-        or cc.is_custom_op_enabled("quant_fp8")
+        compilation_config.is_custom_op_enabled("rms_norm")
+        or compilation_config.is_custom_op_enabled("quant_fp8")
         or (head is not None and head != "native")
     )
 
@@ -87,10 +87,14 @@ def enable_norm_fusion(cfg: VllmConfig) -> bool:
 def enable_act_fusion(cfg: VllmConfig) -> bool:
     """On when the SiLU-and-mul or fp8-quant custom op runs, or for NVFP4 models whose
     quant op is always custom (Inductor cannot fuse through it)."""
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     model = cfg.model_config
     nvfp4 = model is not None and model.is_nvfp4_quantized()
-    return cc.is_custom_op_enabled("silu_and_mul") or cc.is_custom_op_enabled("quant_fp8") or nvfp4
+    return (
+        compilation_config.is_custom_op_enabled("silu_and_mul")
+        or compilation_config.is_custom_op_enabled("quant_fp8")
+        or nvfp4
+    )
 
 
 def enable_allreduce_rms_fusion(cfg: VllmConfig) -> bool:
@@ -132,18 +136,24 @@ def enable_qk_norm_rope_kvcache(cfg: VllmConfig) -> bool:
 def enable_rope_kvcache_fusion(cfg: VllmConfig) -> bool:
     """On with ROCm AITER when the rotary-embedding custom op runs and the KV-cache
     update stays inside the compiled graph (Inductor partitioning, or not split out)."""
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     return (
         _aiter_enabled()
-        and cc.is_custom_op_enabled("rotary_embedding")
-        and (cc.use_inductor_graph_partition or not cc.splitting_ops_contain_kv_cache_update())
+        and compilation_config.is_custom_op_enabled("rotary_embedding")
+        and (
+            compilation_config.use_inductor_graph_partition
+            or not compilation_config.splitting_ops_contain_kv_cache_update()
+        )
     )
 
 
 def enable_rope_kvcache_mla_fusion(cfg: VllmConfig) -> bool:
     """On when the MLA KV-cache update stays inside the compiled graph."""
-    cc = cfg.compilation_config
-    return bool(cc.use_inductor_graph_partition) or not cc.splitting_ops_contain_kv_cache_update()
+    compilation_config = cfg.compilation_config
+    return (
+        bool(compilation_config.use_inductor_graph_partition)
+        or not compilation_config.splitting_ops_contain_kv_cache_update()
+    )
 
 
 def enable_attn_quant_fusion(cfg: VllmConfig) -> bool:

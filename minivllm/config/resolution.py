@@ -1,13 +1,14 @@
 """The resolution of a `VllmConfig`, in order, top to bottom.
 
 `VllmConfig.__post_init__` calls `resolve`: it fills what the user left unset and
-reconciles the sub-configs with each other and with the platform, in the seed's
-order: the model hooks, quantization, async scheduling, enforce_eager and
-TORCH_COMPILE_DISABLE, platform defaults, the default compilation mode and custom
-ops, the optimization-level defaults, the attention backend, static-graph support
-and CUDA graph capture sizes, the platform's own checks, compile ranges, splitting
-ops, the CUDA graph mode the attention backend supports, and the hybrid KV cache
-manager.  Every step runs inside ``_step(prov, source, rule, why)``, which records
+reconciles the sub-configs with each other and with the platform, in the order of
+vLLM's `VllmConfig.__post_init__`: the model hooks and quantization, async
+scheduling, enforce_eager and TORCH_COMPILE_DISABLE, platform defaults, the default
+compilation mode and custom ops, op priorities, the optimization-level defaults, the
+attention backend, static-graph support and CUDA graph capture sizes, the platform's
+own checks, compile ranges, splitting ops, the CUDA graph mode the attention backend
+supports, and the hybrid KV cache manager.  This docstring and `resolve` are the one
+statement of that order.  Every step runs inside ``_step(prov, source, rule, why)``, which records
 the fields it changed, so ``explain()`` tells who set each value and why.  The
 individual rules live in `minivllm.config.vllm_rules`; this module is the order.
 """
@@ -34,10 +35,24 @@ logger = init_logger(__name__)
 
 
 def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Provenance:
-    """Resolve ``cfg`` in place, step by step in the seed's order; returns the
-    provenance of every field (who set it, which rule changed it and why)."""
+    """Resolve ``cfg`` in place, phase by phase in the order of vLLM's
+    `VllmConfig.__post_init__`; returns the provenance of every field (who set it,
+    which rule changed it and why)."""
     prov = Provenance(cfg)
     prov.mark_user(_resolve_user_paths(cfg, user_set_paths))
+    _check_root_fields(cfg)
+    _check_supported(cfg)
+    _resolve_model(cfg, prov)
+    _resolve_scheduling(cfg, prov)
+    breakable = _resolve_compile_switches(cfg, prov)
+    _resolve_level_defaults(cfg, prov, breakable)
+    _resolve_graphs(cfg, prov, breakable)
+    _resolve_cache_manager(cfg, prov)
+    return prov
+
+
+def _check_root_fields(cfg: VllmConfig) -> None:
+    """The root's own fields: a shutdown timeout that makes sense, an instance id."""
     if cfg.shutdown_timeout < 0:
         raise ValueError(f"shutdown_timeout must be >= 0, got {cfg.shutdown_timeout}.")
     if not cfg.instance_id:
@@ -45,8 +60,10 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
         cfg.instance_id = f"{time.time_ns()}"
     if cfg.performance_mode != "balanced":
         logger.info("Performance mode set to %r.", cfg.performance_mode)
-    _check_supported(cfg)
 
+
+def _resolve_model(cfg: VllmConfig, prov: Provenance) -> None:
+    """The model's own hook, the checks against the model, its quantization config."""
     with _step(prov, "rule", "try_verify_and_update_config", "model-specific config hook"):
         cfg.try_verify_and_update_config()
     _verify_with_model(cfg, prov)
@@ -54,6 +71,10 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
     if cfg.quant_config is None and cfg.model_config is not None:
         with _step(prov, "rule", "quant_config", "derived from model_config.quantization"):
             cfg.quant_config = cfg._get_quantization_config(cfg.model_config, cfg.load_config)
+
+
+def _resolve_scheduling(cfg: VllmConfig, prov: Provenance) -> None:
+    """Async scheduling, and the features that cannot run with the parallelism asked."""
     with _step(prov, "rule", "async_scheduling", "async scheduling default"):
         rules.resolve_async_scheduling(cfg)
     with _step(prov, "rule", "nccl_for_dp_sync", "follows async_scheduling"):
@@ -66,18 +87,23 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
             "per_request_spec_decode_metrics needs speculative decoding, which is off; "
             "set it to 'none'."
         )
-    pc = cfg.parallel_config
-    mc = cfg.model_config
-    if mc is not None and mc.quantization == "int8_per_channel":
+    parallel_config = cfg.parallel_config
+    model_config = cfg.model_config
+    if model_config is not None and model_config.quantization == "int8_per_channel":
         _check_int8_per_channel(cfg)
-    if cfg.speculative_config is not None and pc.world_size > 1:
+    if cfg.speculative_config is not None and parallel_config.world_size > 1:
         # The verification path keeps sampled tokens on the output rank only.
         raise ValueError(
             "speculative decoding is not supported by minivllm yet with tensor or pipeline "
-            f"parallelism (tensor_parallel_size={pc.tensor_parallel_size}, "
-            f"pipeline_parallel_size={pc.pipeline_parallel_size}); drop --speculative-config "
-            "or run on one process."
+            f"parallelism (tensor_parallel_size={parallel_config.tensor_parallel_size}, "
+            f"pipeline_parallel_size={parallel_config.pipeline_parallel_size}); drop "
+            "--speculative-config or run on one process."
         )
+
+
+def _resolve_compile_switches(cfg: VllmConfig, prov: Provenance) -> bool:
+    """What turns compilation off (enforce_eager, TORCH_COMPILE_DISABLE) and the custom
+    ops quantized weights need; returns whether breakable CUDA graphs are on."""
     rules.warn_turing_fp32(cfg)
     with _step(prov, "rule", "enforce_eager", "enforce_eager turns compile and graphs off"):
         rules.apply_enforce_eager(cfg)
@@ -91,6 +117,12 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
         if cfg.quant_config is not None and cfg.quant_config.has_blocked_weights():
             if "-quant_fp8" not in cfg.compilation_config.custom_ops:
                 cfg.compilation_config.custom_ops.append("+quant_fp8")
+    return breakable
+
+
+def _resolve_level_defaults(cfg: VllmConfig, prov: Provenance, breakable: bool) -> None:
+    """Platform defaults, the compilation mode, custom ops and op priorities, then the
+    optimization level's defaults (its fusion predicates read all of those)."""
     with _step(prov, "platform", "apply_config_platform_defaults", _platform_why()):
         current_platform.apply_config_platform_defaults(cfg)
     level = f"-O{int(cfg.optimization_level)}"
@@ -110,6 +142,11 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
         cfg._normalize_piecewise_cudagraph_mode(breakable_cudagraph_enabled=breakable)
     with _step(prov, "rule", "fast_moe_cold_start", "superseded on torch >= 2.11"):
         rules.resolve_fast_moe_cold_start(cfg)
+
+
+def _resolve_graphs(cfg: VllmConfig, prov: Provenance, breakable: bool) -> None:
+    """The attention backend, what graphs the platform and the backend can capture,
+    capture sizes, compile ranges and the split points of the compiled graph."""
     _resolve_attention_backend(cfg, prov)
     _resolve_static_graphs(cfg, prov)
     _warn_unused_settings(cfg)
@@ -132,13 +169,16 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
     with _step(prov, "rule", "resolve_cudagraph_mode_and_sizes", why):
         rules.apply_attention_cudagraph_support(cfg)
     rules.check_final_cudagraph_mode(cfg, breakable)
+
+
+def _resolve_cache_manager(cfg: VllmConfig, prov: Provenance) -> None:
+    """The hybrid KV cache manager, then the last checks and the enabled passes' log."""
     with _step(prov, "rule", "hybrid_kv_cache_manager", _hma_why()):
         rules.resolve_hybrid_kv_cache_manager(cfg)
     with _step(prov, "rule", "debug_dump_path", "made absolute"):
         rules.absolutize_debug_dump_path(cfg)
     cfg.compilation_config.pass_config.log_enabled_passes()
     cfg.validate_block_size()
-    return prov
 
 
 def _check_supported(cfg: VllmConfig) -> None:
@@ -160,12 +200,12 @@ def _check_int8_per_channel(cfg: VllmConfig) -> None:
             f"quantization='int8_per_channel' runs on CPU only (its int8 kernels are "
             f"torch's CPU ones), not on {device!r}; drop --quantization or use --device cpu."
         )
-    pc = cfg.parallel_config
-    if pc.world_size > 1:
+    parallel_config = cfg.parallel_config
+    if parallel_config.world_size > 1:
         raise ValueError(
             "quantization='int8_per_channel' is not supported by minivllm yet with tensor "
-            f"or pipeline parallelism (tensor_parallel_size={pc.tensor_parallel_size}, "
-            f"pipeline_parallel_size={pc.pipeline_parallel_size}); drop --quantization or "
+            f"or pipeline parallelism (tensor_parallel_size={parallel_config.tensor_parallel_size}, "
+            f"pipeline_parallel_size={parallel_config.pipeline_parallel_size}); drop --quantization or "
             "run on one process."
         )
 
@@ -278,15 +318,19 @@ def _effective_dp_size(cfg: VllmConfig) -> int:
 def _gguf_with_parallelism(cfg: VllmConfig, prov: Provenance) -> None:
     """The low-bit GGUF path runs on one process: under TP/PP the default "gguf"
     becomes dequantized weights, an explicit one is refused."""
-    mc, pc = cfg.model_config, cfg.parallel_config
-    if mc is None or mc.quantization != "gguf" or pc.world_size == 1:
+    model_config, parallel_config = cfg.model_config, cfg.parallel_config
+    if (
+        model_config is None
+        or model_config.quantization != "gguf"
+        or parallel_config.world_size == 1
+    ):
         return
     why = (
-        f"tensor_parallel_size={pc.tensor_parallel_size}, "
-        f"pipeline_parallel_size={pc.pipeline_parallel_size}"
+        f"tensor_parallel_size={parallel_config.tensor_parallel_size}, "
+        f"pipeline_parallel_size={parallel_config.pipeline_parallel_size}"
     )
     with _step(prov, "rule", "gguf_with_parallelism", f"low-bit GGUF runs on one rank ({why})"):
-        if mc.dequantize_default_gguf(why):
+        if model_config.dequantize_default_gguf(why):
             return
     raise ValueError(
         "quantization='gguf' (low-bit weights) is not supported by minivllm yet with "

@@ -1,13 +1,11 @@
 """`VllmConfig`: every configuration of one engine, resolved into a consistent whole.
 
 Building a `VllmConfig` runs `__post_init__`, which resolves what the user left
-unset and reconciles the sub-configs with each other and with the platform, in the
-order of the seed: enforce_eager and TORCH_COMPILE_DISABLE, the default compilation
-mode, custom ops, the optimization-level defaults, static-graph support of the
-platform, CUDA graph capture sizes, compile ranges, splitting ops, async scheduling
-and the hybrid KV cache manager.  Each step records what it changed in a
-`Provenance`, so ``vllm_config.explain()`` tells, per field, whether the user set
-it, a level or the platform defaulted it, or which rule changed it and why.
+unset and reconciles the sub-configs with each other and with the platform, step
+by step in the order `minivllm.config.resolution` gives.  Each step records what it
+changed in a `Provenance`, so ``vllm_config.explain()`` tells, per field, whether
+the user set it, a level or the platform defaulted it, or which rule changed it and
+why.
 
 Who built the config says which fields the user set: ``VllmConfig(...,
 user_set_paths={"scheduler_config.max_num_seqs", ...})``.  Without it, a field
@@ -101,8 +99,8 @@ _HASHED_SUBCONFIGS = (
     "ec_transfer_config",
     "aux_output_config",
 )
-"""Sub-configs whose own hash enters `VllmConfig.compute_hash`, in the seed's order.
-Everything else (instance_id, logging, shutdown_timeout, performance_mode and the
+"""Sub-configs whose own hash enters `VllmConfig.compute_hash`, in the order vLLM's
+`compute_hash` takes them.  Everything else (instance_id, logging, shutdown_timeout, performance_mode and the
 level, which act only through the fields they set) cannot change the compiled graph."""
 
 
@@ -325,7 +323,7 @@ class VllmConfig:
         ]
         return ", ".join(parts)
 
-    # -- seed methods ---------------------------------------------------------------
+    # -- methods of vLLM's VllmConfig (same names, same meaning) ----------------------
     @staticmethod
     def _get_quantization_config(
         model_config: ModelConfig, load_config: LoadConfig

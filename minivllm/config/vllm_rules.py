@@ -1,10 +1,10 @@
 """The named resolution rules that `VllmConfig.__post_init__` applies, in order.
 
-Each rule reads and updates one `VllmConfig` in place; `VllmConfig.__post_init__`
-runs each inside a provenance step so ``--explain`` can say which rule set a field.
-The order follows the seed (vLLM's ``VllmConfig.__post_init__``).
+Each rule reads and updates one `VllmConfig` in place; `minivllm.config.resolution`
+runs each inside a provenance step so ``--explain`` can say which rule set a field,
+and states their order (that of vLLM's ``VllmConfig.__post_init__``).
 
-Rules of the seed that are NOT here, because they need a subsystem minivllm does
+Rules of vLLM's ``VllmConfig.__post_init__`` that are NOT here, because they need a subsystem minivllm does
 not have and the config that would switch it on cannot be set (its sub-config's
 ``check_supported`` raises `ValueError`, which `VllmConfig` calls first):
 
@@ -124,35 +124,42 @@ def breakable_cudagraph_enabled(cfg: VllmConfig) -> bool:
 
 def default_compilation_mode(cfg: VllmConfig) -> None:
     """An unset mode is VLLM_COMPILE above -O0 and NONE at -O0."""
-    cc = cfg.compilation_config
-    if cc.mode is None:
+    compilation_config = cfg.compilation_config
+    if compilation_config.mode is None:
         above_o0 = cfg.optimization_level > OptimizationLevel.O0
-        cc.mode = CompilationMode.VLLM_COMPILE if above_o0 else CompilationMode.NONE
+        compilation_config.mode = CompilationMode.VLLM_COMPILE if above_o0 else CompilationMode.NONE
 
 
 def default_ir_torch_wrap(cfg: VllmConfig) -> None:
     """Torch wrapping of IR ops is only needed for the custom Inductor lowering."""
-    cc = cfg.compilation_config
-    if cc.ir_enable_torch_wrap is None:
-        cc.ir_enable_torch_wrap = (
-            cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"
+    compilation_config = cfg.compilation_config
+    if compilation_config.ir_enable_torch_wrap is None:
+        compilation_config.ir_enable_torch_wrap = (
+            compilation_config.mode == CompilationMode.VLLM_COMPILE
+            and compilation_config.backend == "inductor"
         )
 
 
 def default_custom_ops(cfg: VllmConfig) -> None:
     """With Inductor compiling, plain torch ops fuse better than custom kernels, so the
     base mode is 'none'; otherwise 'all' custom kernels are used."""
-    cc = cfg.compilation_config
-    if "all" in cc.custom_ops or "none" in cc.custom_ops:
+    compilation_config = cfg.compilation_config
+    if "all" in compilation_config.custom_ops or "none" in compilation_config.custom_ops:
         return
-    inductor = cc.backend == "inductor" and cc.mode != CompilationMode.NONE
-    cc.custom_ops.append("none" if inductor else "all")
+    inductor = (
+        compilation_config.backend == "inductor" and compilation_config.mode != CompilationMode.NONE
+    )
+    compilation_config.custom_ops.append("none" if inductor else "all")
 
 
 def warn_inductor_disabled(cfg: VllmConfig, breakable: bool) -> None:
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     if not breakable and (
-        cc.backend == "eager" or (cc.mode is not None and cc.mode != CompilationMode.VLLM_COMPILE)
+        compilation_config.backend == "eager"
+        or (
+            compilation_config.mode is not None
+            and compilation_config.mode != CompilationMode.VLLM_COMPILE
+        )
     ):
         logger.info("Inductor compilation is off: Inductor-only optimizations are ignored.")
 
@@ -160,33 +167,33 @@ def warn_inductor_disabled(cfg: VllmConfig, breakable: bool) -> None:
 def normalize_piecewise_cudagraph_mode(cfg: VllmConfig, breakable: bool) -> None:
     """Piecewise graphs need VLLM_COMPILE's split graph; otherwise drop the piecewise part
     (FULL_AND_PIECEWISE -> FULL_DECODE_ONLY, PIECEWISE -> NONE)."""
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     if (
-        cc.cudagraph_mode.requires_piecewise_compilation()
-        and cc.mode != CompilationMode.VLLM_COMPILE
+        compilation_config.cudagraph_mode.requires_piecewise_compilation()
+        and compilation_config.mode != CompilationMode.VLLM_COMPILE
         and not breakable
     ):
-        fallback = cc.cudagraph_mode.without_piecewise()
+        fallback = compilation_config.cudagraph_mode.without_piecewise()
         logger.info(
             "cudagraph_mode %s needs compilation mode VLLM_COMPILE, not %s; using %s.",
-            cc.cudagraph_mode,
-            cc.mode.name,
+            compilation_config.cudagraph_mode,
+            compilation_config.mode.name,
             fallback,
         )
-        cc.cudagraph_mode = fallback
+        compilation_config.cudagraph_mode = fallback
         if fallback == CUDAGraphMode.NONE:
-            cc.max_cudagraph_capture_size = 0
-            cc.cudagraph_capture_sizes = []
+            compilation_config.max_cudagraph_capture_size = 0
+            compilation_config.cudagraph_capture_sizes = []
 
 
 def resolve_fast_moe_cold_start(cfg: VllmConfig) -> None:
     """torch >= 2.11 hoists opaque objects, which supersedes fast MoE cold start."""
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     if _torch_at_least(2, 11):
-        cc.fast_moe_cold_start = False
-    elif cc.fast_moe_cold_start is None:
+        compilation_config.fast_moe_cold_start = False
+    elif compilation_config.fast_moe_cold_start is None:
         # Unsafe when a draft model has MoE layers; no drafts exist in minivllm.
-        cc.fast_moe_cold_start = cfg.speculative_config is None
+        compilation_config.fast_moe_cold_start = cfg.speculative_config is None
 
 
 def _torch_at_least(major: int, minor: int) -> bool:
@@ -202,39 +209,39 @@ def _torch_at_least(major: int, minor: int) -> bool:
 def adjust_cudagraph_mode_for_model(cfg: VllmConfig) -> None:
     """Pooling models cannot use full graphs; encoder-decoder models only full decode."""
     model = cfg.model_config
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     if model is None:
         return
-    if cc.cudagraph_mode.has_full_cudagraphs() and model.pooler_config:
+    if compilation_config.cudagraph_mode.has_full_cudagraphs() and model.pooler_config:
         logger.warning("Pooling models do not support full CUDA graphs; using PIECEWISE.")
-        cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
-    elif model.is_encoder_decoder and cc.cudagraph_mode not in (
+        compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    elif model.is_encoder_decoder and compilation_config.cudagraph_mode not in (
         CUDAGraphMode.NONE,
         CUDAGraphMode.FULL_DECODE_ONLY,
     ):
         logger.info("Encoder-decoder models only support FULL_DECODE_ONLY CUDA graphs.")
-        cc.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
 
 
 def apply_eager_cudagraphs(cfg: VllmConfig) -> None:
     """Under enforce_eager no graph is captured; otherwise each graph warms up once."""
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     model = cfg.model_config
     if model is not None and model.enforce_eager:
-        cc.cudagraph_mode = CUDAGraphMode.NONE
-        cc.max_cudagraph_capture_size = 0
-        cc.cudagraph_capture_sizes = []
+        compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+        compilation_config.max_cudagraph_capture_size = 0
+        compilation_config.cudagraph_capture_sizes = []
     else:
-        cc.cudagraph_num_of_warmups = 1
+        compilation_config.cudagraph_num_of_warmups = 1
 
 
 def disable_static_graphs(cfg: VllmConfig) -> None:
     """A platform without static graphs captures nothing."""
-    cc = cfg.compilation_config
-    cc.cudagraph_mode = CUDAGraphMode.NONE
-    cc.max_cudagraph_capture_size = 0
-    cc.cudagraph_capture_sizes = []
-    cc.post_init_cudagraph_sizes()
+    compilation_config = cfg.compilation_config
+    compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+    compilation_config.max_cudagraph_capture_size = 0
+    compilation_config.cudagraph_capture_sizes = []
+    compilation_config.post_init_cudagraph_sizes()
 
 
 def attention_cudagraph_why(backend: str) -> str:
@@ -254,11 +261,11 @@ def apply_attention_cudagraph_support(cfg: VllmConfig) -> None:
     capture (`CompilationConfig.resolve_cudagraph_mode_and_sizes`; vLLM does it in the
     worker, minivllm before anything is built, so the resolved mode is what runs).
     A mode downgraded to NONE captures nothing, so its capture sizes go too."""
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     backend = cfg.attention_config.backend
     assert backend is not None, "resolve_attention_backend runs first"
-    before = cc.cudagraph_mode
-    mode = cc.resolve_cudagraph_mode_and_sizes(
+    before = compilation_config.cudagraph_mode
+    mode = compilation_config.resolve_cudagraph_mode_and_sizes(
         ATTENTION_CG_SUPPORT[backend],
         backend,
         uniform_decode_query_len=cfg.uniform_decode_query_len,
@@ -266,8 +273,8 @@ def apply_attention_cudagraph_support(cfg: VllmConfig) -> None:
         max_num_reqs=cfg.scheduler_config.max_num_seqs,
     )
     if mode == CUDAGraphMode.NONE and before not in (None, CUDAGraphMode.NONE):
-        cc.max_cudagraph_capture_size = 0
-        cc.cudagraph_capture_sizes = []
+        compilation_config.max_cudagraph_capture_size = 0
+        compilation_config.cudagraph_capture_sizes = []
 
 
 def validate_model_runner(cfg: VllmConfig) -> None:
@@ -291,20 +298,20 @@ def check_final_cudagraph_mode(cfg: VllmConfig, breakable: bool) -> None:
     """Last consistency check of the graph mode on CUDA."""
     if not current_platform.is_cuda_alike():
         return
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     model = cfg.model_config
     if (
-        cc.cudagraph_mode.has_full_cudagraphs()
-        and not cc.cudagraph_mode.has_piecewise_cudagraphs()
+        compilation_config.cudagraph_mode.has_full_cudagraphs()
+        and not compilation_config.cudagraph_mode.has_piecewise_cudagraphs()
         and model is not None
         and not model.disable_cascade_attn
     ):
         logger.warning(
             "No piecewise CUDA graph for cascade attention: batches that use it run eagerly."
         )
-    assert not cc.cudagraph_mode.requires_piecewise_compilation() or (
-        cc.mode == CompilationMode.VLLM_COMPILE or breakable
-    ), f"piecewise cudagraph_mode {cc.cudagraph_mode} left without VLLM_COMPILE"
+    assert not compilation_config.cudagraph_mode.requires_piecewise_compilation() or (
+        compilation_config.mode == CompilationMode.VLLM_COMPILE or breakable
+    ), f"piecewise cudagraph_mode {compilation_config.cudagraph_mode} left without VLLM_COMPILE"
 
 
 def resolve_hybrid_kv_cache_manager(cfg: VllmConfig) -> None:
@@ -328,9 +335,11 @@ def resolve_hybrid_kv_cache_manager(cfg: VllmConfig) -> None:
 
 
 def absolutize_debug_dump_path(cfg: VllmConfig) -> None:
-    cc = cfg.compilation_config
-    if cc.debug_dump_path:
-        cc.debug_dump_path = Path(os.path.expanduser(cc.debug_dump_path)).absolute()
+    compilation_config = cfg.compilation_config
+    if compilation_config.debug_dump_path:
+        compilation_config.debug_dump_path = Path(
+            os.path.expanduser(compilation_config.debug_dump_path)
+        ).absolute()
 
 
 def warn_turing_fp32(cfg: VllmConfig) -> None:

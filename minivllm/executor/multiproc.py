@@ -38,9 +38,10 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
-from minivllm.executor.rank_worker import RankWorker, output_rank, threads_per_worker
+from minivllm.executor.rank_worker import RankWorker, output_rank
 from minivllm.executor.uniproc import set_up_ranks
 from minivllm.logger import init_logger
+from minivllm.platforms.cpu import cpu_threads_per_rank
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ class MultiprocExecutor:
         self._failed: str | None = None
         self._pending: deque[PendingCall] = deque()
         init_method = f"tcp://127.0.0.1:{free_local_port()}"
-        threads = threads_per_worker(self.world_size)
+        threads = cpu_threads_per_rank(self.world_size)
         ctx = mp.get_context("spawn")
         self.conns: list[Connection] = []
         self.procs: list[Any] = []

@@ -13,21 +13,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from minivllm.platforms.cpu import usable_cpu_cores
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
     from minivllm.kv_cache.groups import KVCacheGroups
     from minivllm.worker.worker import Worker
-
-
-def threads_per_worker(world_size: int) -> int:
-    """Each rank's share of the CPU threads (``MINIVLLM_CPU_THREADS`` or the usable
-    cores, split evenly), at least one."""
-    raw = os.environ.get("MINIVLLM_CPU_THREADS")
-    total = int(raw) if raw else usable_cpu_cores()
-    return max(1, total // world_size)
 
 
 def output_rank(vllm_config: VllmConfig) -> int:
@@ -52,8 +43,8 @@ class RankWorker:
         self.rank = rank
         self.local_rank = local_rank
         self.is_output_rank = rank == output_rank(vllm_config)
-        # Read by the worker's thread set-up (configure_cpu_threads).
-        os.environ["MINIVLLM_CPU_THREADS"] = str(cpu_threads)
+        self.cpu_threads = cpu_threads
+        """This rank's torch threads on CPU (`cpu_threads_per_rank` of the executor)."""
         self.worker: Worker | None = None
 
     def load(self, distributed_init_method: str) -> tuple[int, str]:
@@ -62,7 +53,13 @@ class RankWorker:
         from minivllm.worker.worker import Worker
 
         self.vllm_config.parallel_config.rank = self.rank
-        self.worker = Worker(self.vllm_config, self.rank, self.local_rank, distributed_init_method)
+        self.worker = Worker(
+            self.vllm_config,
+            self.rank,
+            self.local_rank,
+            distributed_init_method,
+            cpu_threads=self.cpu_threads,
+        )
         self.worker.load_model()
         return self.worker.determine_num_kv_blocks()
 

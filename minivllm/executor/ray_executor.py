@@ -21,10 +21,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from minivllm import envs
 from minivllm.executor.multiproc import WorkerError
-from minivllm.executor.rank_worker import RankWorker, output_rank, threads_per_worker
+from minivllm.executor.rank_worker import RankWorker, output_rank
 from minivllm.executor.uniproc import set_up_ranks
 from minivllm.logger import init_logger
+from minivllm.platforms.cpu import cpu_threads_per_rank
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -62,7 +64,7 @@ class RayExecutor:
         self._failed: str | None = None
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
-            address = os.environ.get("RAY_ADDRESS")
+            address = envs.ray_address()
             if address:
                 ray.init(address=address)
             else:  # a local instance with a logical CPU per rank (more ranks than cores is fine)
@@ -79,9 +81,9 @@ class RayExecutor:
                 f"{PLACEMENT_TIMEOUT_S:.0f} s; add nodes or resources (ray status shows them), "
                 "or lower --tensor-parallel-size / --pipeline-parallel-size"
             )
-        threads = threads_per_worker(self.world_size)
+        threads = cpu_threads_per_rank(self.world_size)
         actor_cls = ray.remote(RankWorker)
-        env = {k: os.environ[k] for k in ("PYTHONPATH", "MINIVLLM_CACHE_ROOT") if k in os.environ}
+        env = envs.ray_worker_env()
         self.workers = [
             actor_cls.options(
                 num_cpus=bundle["CPU"],

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from minivllm.kv_cache.groups import KVCacheGroups, max_blocks_per_request
 from minivllm.logger import init_logger
+from minivllm.math_utils import cdiv
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def check_kv_cache_holds_max_model_len(
     # A resolved config (the only kind the engine runs) has all three.
     assert mc is not None and mc.max_model_len is not None and block_size is not None
     max_model_len = mc.max_model_len
-    needed = -(-max_model_len // block_size) + 1
+    needed = cdiv(max_model_len, block_size) + 1
     if groups is not None and groups.num_groups > 1:
         # Sliding-window groups hold only their window (plus one step's chunk).
         chunk = vllm_config.scheduler_config.max_num_batched_tokens
@@ -150,7 +151,7 @@ def _longest_request(
     groups: KVCacheGroups, usable: int, block_size: int, chunk: int, limit: int
 ) -> int:
     """Longest request (a multiple of the block size, at most ``limit``) that fits."""
-    lo, hi = 0, -(-limit // block_size)
+    lo, hi = 0, cdiv(limit, block_size)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         fits = max_blocks_per_request(groups, mid * block_size, block_size, chunk) <= usable

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from minivllm import envs
 from minivllm.envs import cache_root
 from minivllm.logger import init_logger
 
@@ -90,7 +91,7 @@ def _library_path() -> Path:
 
 
 def _build(target: Path) -> None:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    compiler = envs.cxx_compiler() or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +137,7 @@ def available() -> bool:
         if "ok" in _state:
             return bool(_state["ok"])
         ok = False
-        if os.environ.get("MINIVLLM_CPU_KERNELS", "1") == "0":
+        if not envs.cpu_kernels():
             _state["ok"] = False
             return False
         try:

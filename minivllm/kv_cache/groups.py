@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from minivllm.math_utils import cdiv
+
 
 @dataclass(frozen=True)
 class KVCacheGroups:
@@ -81,11 +83,6 @@ def plan_kv_cache_groups(layer_windows: Sequence[int | None]) -> KVCacheGroups:
                 layer_slot[layer] = slot
             windows.append(kind)
     return KVCacheGroups(tuple(windows), tuple(layer_group), tuple(layer_slot), size)
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division for non-negative ints."""
-    return -(-a // b)
 
 
 def sliding_window_blocks_held(window: int, chunk: int, block_size: int) -> int:

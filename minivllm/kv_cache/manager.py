@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from minivllm.kv_cache.block_pool import BlockPool, KVCacheBlock, PrefixCacheStats
-from minivllm.kv_cache.groups import cdiv, sliding_window_blocks_held
+from minivllm.kv_cache.groups import sliding_window_blocks_held
 from minivllm.kv_cache.hashing import BlockHash, HashableRequest, get_hash_fn, make_block_hasher
+from minivllm.math_utils import cdiv
 
 
 class PromptLogprobsParams(Protocol):

@@ -19,6 +19,15 @@ def usable_cpu_cores() -> int:
     return os.cpu_count() or 1  # pragma: no cover - not Linux
 
 
+def cpu_threads_per_rank(world_size: int) -> int:
+    """Torch threads of each of ``world_size`` ranks on CPU: ``MINIVLLM_CPU_THREADS``
+    (or the usable cores) split evenly, at least one.  The one place this is decided:
+    executors pass each rank its share, a one-process worker takes the whole."""
+    from minivllm import envs
+
+    return max(1, (envs.cpu_threads() or usable_cpu_cores()) // world_size)
+
+
 @functools.cache
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 in hardware (AMX-BF16 or AVX512-BF16).

@@ -98,6 +98,17 @@ class CudaPlatform(Platform):
                 "installed; pip install triton, or use -ac.backend=CPU_SDPA (or leave it unset)."
             )
 
+    def default_ir_op_priority(self, vllm_config: VllmConfig) -> list[str]:
+        """Under Inductor the plain torch RMSNorm wins: Inductor fuses it with its
+        neighbours, which an opaque CUDA kernel would prevent.  Without Inductor there
+        is nothing to fuse into, so vLLM prefers its CUDA kernel ("vllm_c"), and that
+        preference turns ``pass_config.fuse_norm_quant`` on at -O1 and above, as in
+        vLLM.  minivllm has no "vllm_c" kernels: RMSNorm runs its next choice."""
+        compilation = vllm_config.compilation_config
+        # Mode 0 is CompilationMode.NONE (the platforms sit below the config package).
+        uses_inductor = compilation.backend == "inductor" and compilation.mode != 0
+        return ["native"] if uses_inductor else ["vllm_c", "native"]
+
     def check_and_update_config(self, vllm_config: VllmConfig) -> None:
         super().check_and_update_config(vllm_config)
         block_size = vllm_config.cache_config.block_size

@@ -119,6 +119,14 @@ class Platform:
     def get_default_block_size(self) -> int:
         return 16
 
+    def default_ir_op_priority(self, vllm_config: VllmConfig) -> list[str]:
+        """Implementations of the fusable ops (RMSNorm) to prefer here, best first.
+
+        `KernelConfig.set_platform_defaults` appends them to the user's lists once the
+        compilation mode and backend are known; the fusion defaults read the head.
+        """
+        return ["native"]
+
     def supports_async_scheduling(self, executor_backend: str | None) -> bool:
         """Whether the engine can overlap scheduling with execution under ``executor_backend``.
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from minivllm.kv_cache.manager import KVCacheManager
 from minivllm.logger import init_logger
+from minivllm.math_utils import cdiv
 from minivllm.scheduler.config_view import SchedulingConfig
 from minivllm.scheduler.output import (
     CachedRequestData,
@@ -270,7 +271,7 @@ class Scheduler:
         max_reqs = self.max_num_seqs
         if self.max_concurrent_batches > 1:
             active = len(self.running) + len(self.waiting)
-            max_reqs = max(1, -(-active // self.max_concurrent_batches))
+            max_reqs = max(1, cdiv(active, self.max_concurrent_batches))
 
         idx = 0
         while idx < len(self.running) and budget > 0 and len(num_scheduled) < max_reqs:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minivllm.logger import init_logger
+from minivllm.math_utils import round_up
 from minivllm.transformers_utils.gguf_families import gemma3_kwargs, gguf_rope_parameters
 
 if TYPE_CHECKING:
@@ -229,7 +230,7 @@ class _HeaderParser:
                 GGUFTensorInfo(name, tuple(int(d) for d in shape), type_name, int(offset))
             )
         align = int(metadata.get("general.alignment", 32))
-        data_start = -(-self._pos // align) * align
+        data_start = round_up(self._pos, align)
         return GGUFHeader(version, metadata, tuple(tensors), data_start)
 
 
@@ -288,8 +289,8 @@ def gguf_to_hf_config(path: str | Path) -> PretrainedConfig:
     import transformers
 
     header = read_gguf_header(path)
-    md = header.metadata
-    arch = md.get("general.architecture")
+    metadata = header.metadata
+    arch = metadata.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         supported = ", ".join(sorted(GGUF_ARCHITECTURES))
         raise ValueError(
@@ -300,15 +301,15 @@ def gguf_to_hf_config(path: str | Path) -> PretrainedConfig:
 
     def get(name: str, default: Any = None, *, required: bool = False) -> Any:
         key = f"{arch}.{name}"
-        if key not in md:
+        if key not in metadata:
             if required:
                 raise ValueError(f"GGUF file {str(path)!r} lacks the metadata key {key!r}")
             return default
-        return md[key]
+        return metadata[key]
 
     hidden_size = int(get("embedding_length", required=True))
     num_heads = int(get("attention.head_count", required=True))
-    tokens = md.get("tokenizer.ggml.tokens")
+    tokens = metadata.get("tokenizer.ggml.tokens")
     vocab_size = len(tokens) if tokens is not None else get("vocab_size", required=True)
     rope = gguf_rope_parameters(get)
     kwargs: dict[str, Any] = {
@@ -324,9 +325,9 @@ def gguf_to_hf_config(path: str | Path) -> PretrainedConfig:
         "rope_parameters": rope,
         # llama.cpp drops output.weight when the LM head shares the embedding.
         "tie_word_embeddings": "output.weight" not in header.tensor_names,
-        "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
-        "pad_token_id": md.get("tokenizer.ggml.padding_token_id"),
+        "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
         "dtype": gguf_checkpoint_dtype(header),
     }
     if arch in ("llama", "qwen3", "gemma3"):

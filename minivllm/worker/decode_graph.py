@@ -33,13 +33,13 @@ when every attention layer uses the CPU backend, the KV cache is not fp8 and
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from minivllm import envs
 from minivllm.attention.decode_graph import DECODE_INPUTS, LAYER_BOUNDARY_OP
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.paged_kv import is_fp8
@@ -47,6 +47,7 @@ from minivllm.compilation.backend import VllmBackend
 from minivllm.config.compilation.modes import CompilationMode
 from minivllm.kernels import lowbit_cpu
 from minivllm.logger import init_logger
+from minivllm.math_utils import cdiv
 from minivllm.model_executor.layers.quantized_linear import Q4_MAX_TOKENS
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ is 1 when traced, and this one must stay dynamic."""
 
 def decode_graph_wanted(vllm_config: VllmConfig, attn_layers: dict[str, Any]) -> str | None:
     """Why the decode graph is not used for this engine, or None when it is."""
-    if os.environ.get("MINIVLLM_CPU_DECODE_GRAPH", "1") == "0":
+    if not envs.cpu_decode_graph():
         return "MINIVLLM_CPU_DECODE_GRAPH=0"
     if vllm_config.device_config.device_type != "cpu":
         return "not on CPU"
@@ -163,7 +164,7 @@ class CpuDecodeGraph:
         tables, slots = [], []
         for g in range(self.num_groups):
             gmd = md if md.group_metadata is None else md.group_metadata[g]
-            width = max(_MIN_BLOCKS, -(-gmd.max_seq_len // self.block_size))
+            width = max(_MIN_BLOCKS, cdiv(gmd.max_seq_len, self.block_size))
             tables.append(_table(gmd.block_tables, width))
             slots.append(gmd.slot_mapping[:n])
         return self._call(input_ids, positions, md.seq_lens, tables, slots)

@@ -25,6 +25,7 @@ from minivllm.config.attention import ATTENTION_CG_SUPPORT
 from minivllm.config.attention_support import AttentionCGSupport
 from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.logger import init_logger
+from minivllm.math_utils import cdiv
 from minivllm.worker.cudagraph import (
     BatchDescriptor,
     CudagraphDispatcher,
@@ -132,7 +133,7 @@ class ForwardRunner:
         if mode.has_full_cudagraphs():
             # The attention backend owns the metadata tensors its kernels read in a graph.
             block_size = self.vllm_config.cache_config.block_size
-            max_blocks = -(-self.vllm_config.model_config.max_model_len // block_size)
+            max_blocks = cdiv(self.vllm_config.model_config.max_model_len, block_size)
             backend_impl = next(iter(self.attn_layers.values())).impl
             self._graph_buffers = backend_impl.make_graph_buffers(
                 self.vllm_config.scheduler_config.max_num_seqs, max_blocks, size, self.device

@@ -6,7 +6,8 @@ Thread settings on CPU (measured on a 2-core machine, see README):
   costs 1.2-1.45x on an idle one; ``minivllm/__init__.py`` sets a short spin
   (``GOMP_SPINCOUNT=1000``) before torch is imported (an explicit user value wins).
 - torch uses one intra-op thread per core the process may run on
-  (``os.sched_getaffinity``), unless ``MINIVLLM_CPU_THREADS`` says otherwise.
+  (``os.sched_getaffinity``), unless ``MINIVLLM_CPU_THREADS`` says otherwise; a
+  multi-process engine splits them over its ranks (`cpu_threads_per_rank`).
 - glibc's malloc thresholds are fixed (`configure_cpu_malloc`) so that per-step
   tensors come from the heap instead of fresh, page-faulting mmaps.
 """
@@ -14,13 +15,13 @@ Thread settings on CPU (measured on a 2-core machine, see README):
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 from typing import TYPE_CHECKING
 
 import psutil
 import torch
 
+from minivllm import envs
 from minivllm.distributed.parallel_state import (
     default_backend,
     init_distributed_environment,
@@ -29,7 +30,8 @@ from minivllm.distributed.parallel_state import (
 )
 from minivllm.kv_cache.groups import max_blocks_per_request
 from minivllm.logger import init_logger
-from minivllm.platforms.cpu import usable_cpu_cores
+from minivllm.math_utils import cdiv
+from minivllm.platforms.cpu import cpu_threads_per_rank
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.worker.model_runner import ModelRunner
 
@@ -44,10 +46,9 @@ DEFAULT_CPU_KV_CACHE_BYTES = 1 * GiB
 float32, more than a CPU batch uses, and quick to allocate (the cache is zeroed)."""
 
 
-def configure_cpu_threads() -> int:
-    """Set torch's intra-op threads to the usable cores; returns the count."""
-    raw = os.environ.get("MINIVLLM_CPU_THREADS")
-    torch.set_num_threads(max(1, int(raw) if raw else usable_cpu_cores()))
+def configure_cpu_threads(num_threads: int) -> int:
+    """Set torch's intra-op threads; returns the count torch took."""
+    torch.set_num_threads(num_threads)
     return torch.get_num_threads()
 
 
@@ -69,7 +70,7 @@ def configure_cpu_malloc() -> bool:
     is changed off glibc, or when ``MALLOC_MMAP_THRESHOLD_`` or
     ``MALLOC_TRIM_THRESHOLD_`` is set (the user's tuning wins).
     """
-    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+    if envs.malloc_tuned_by_user():
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
@@ -98,7 +99,10 @@ class Worker:
         rank: int = 0,
         local_rank: int = 0,
         distributed_init_method: str | None = None,
+        cpu_threads: int | None = None,
     ) -> None:
+        """``cpu_threads``: torch threads on CPU (None: the whole process's share,
+        `cpu_threads_per_rank` of one rank)."""
         self.vllm_config = vllm_config
         self.rank = rank
         device_type = vllm_config.device_config.device_type
@@ -115,7 +119,7 @@ class Worker:
                 parallel.tensor_parallel_size, parallel.pipeline_parallel_size
             )
         if self.device.type == "cpu":
-            threads = configure_cpu_threads()
+            threads = configure_cpu_threads(cpu_threads or cpu_threads_per_rank(1))
             malloc = "fixed" if configure_cpu_malloc() else "left as they are"
             logger.info("CPU worker: %d torch threads; malloc thresholds %s", threads, malloc)
         seed = vllm_config.model_config.seed
@@ -153,7 +157,7 @@ class Worker:
         per_request = (
             max_blocks_per_request(groups, max_len, block_size, sched.max_num_batched_tokens)
             if groups is not None
-            else -(-max_len // block_size)
+            else cdiv(max_len, block_size)
         )
         needed = sched.max_num_seqs * per_request + 1
         budget = min(DEFAULT_CPU_KV_CACHE_BYTES, psutil.virtual_memory().available // 4)

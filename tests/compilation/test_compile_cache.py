@@ -23,13 +23,13 @@ def test_inductor_matches_eager_and_second_start_loads(
     assert first["num_piecewise_graphs_seen"] == 2
     assert first["num_inductor_compilations"] == 2 and first["num_cache_saves"] == 2
     assert first.get("num_cache_loads", 0) == 0
-    cc = llm.llm_engine.vllm_config.compilation_config
-    cache_dir = Path(cc.local_cache_dir)
+    compilation_config = llm.llm_engine.vllm_config.compilation_config
+    cache_dir = Path(compilation_config.local_cache_dir)
     expected_root = tmp_path / "torch_compile_cache" / llm.llm_engine.vllm_config.compute_hash()
     assert cache_dir == expected_root / "rank_0" / "model"
     assert (cache_dir / "cache_index.json").is_file()
     assert greedy_tokens(llm) == eager
-    first_compile_s = cc.compilation_time
+    first_compile_s = compilation_config.compilation_time
     del llm
 
     # Same config, and a field outside the hash (KV blocks, max_num_seqs): loads only.

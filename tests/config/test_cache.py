@@ -1,4 +1,4 @@
-"""CacheConfig: seed 001's fields, validation, swap-space check and hash factors."""
+"""CacheConfig: vLLM's fields, validation, swap-space check and hash factors."""
 
 from __future__ import annotations
 
@@ -65,6 +65,16 @@ def test_positive_cpu_offload_is_unsupported() -> None:
 @pytest.mark.parametrize("dtype", ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"])
 def test_supported_cache_dtypes(dtype: str) -> None:
     assert CacheConfig(cache_dtype=dtype).cache_dtype == dtype  # type: ignore[arg-type]
+
+
+def test_prefix_cache_retention_interval() -> None:
+    assert CacheConfig().prefix_cache_retention_interval == 0  # vLLM's default
+    # None (keep every block) is what minivllm's sliding-window groups do.
+    assert CacheConfig(prefix_cache_retention_interval=None).prefix_cache_retention_interval is None
+    with pytest.raises(ValueError, match="prefix_cache_retention_interval=512.*every full"):
+        CacheConfig(prefix_cache_retention_interval=512)
+    with pytest.raises(ValueError, match="must be >= 0 or None"):
+        CacheConfig(prefix_cache_retention_interval=-1)
 
 
 def test_unknown_cache_dtype() -> None:

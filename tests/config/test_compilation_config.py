@@ -24,7 +24,7 @@ from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 
 ADAPTER = TypeAdapter(CompilationConfig)
 
-# Every field of seed 000 with its documented default (before VllmConfig resolves it).
+# Every field of vLLM's CompilationConfig with its documented default (before VllmConfig resolves it).
 DEFAULTS: dict[str, Any] = {
     "mode": None,
     "debug_dump_path": None,

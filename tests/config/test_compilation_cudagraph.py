@@ -256,7 +256,7 @@ def _mamba(num_blocks: int) -> SimpleNamespace:
 def test_mamba_full_graphs_need_a_block_per_sequence() -> None:
     with pytest.raises(ValueError) as exc:
         _resolved(FAP, ALWAYS, kv_cache_config=_mamba(32), max_num_reqs=64)
-    # The seed's wording, with both numbers and the fix.
+    # vLLM's wording (its resolve_cudagraph_mode_and_sizes), with both numbers and the fix.
     message = str(exc.value)
     assert "max_num_seqs (64) exceeds available Mamba cache blocks (32)" in message
     assert "lower max_num_seqs to at most 32" in message.lower()

@@ -141,6 +141,28 @@ def test_level_fills_predicate_from_user_custom_ops(model) -> None:
     assert o0.compilation_config.pass_config.fuse_norm_quant is False
 
 
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_cuda_without_inductor_prefers_the_cuda_rms_norm(model, level: int) -> None:
+    # vLLM's CUDA platform puts its CUDA RMSNorm first when Inductor does not compile
+    # (mode NONE), and a non-native head turns norm+quant fusion on, custom ops or not.
+    eager = {"mode": 0, "custom_ops": ["none"]}
+    cfg = build(model, level, compilation_config=eager)
+    assert cfg.kernel_config.ir_op_priority.rms_norm[0] == "vllm_c"
+    assert cfg.compilation_config.pass_config.fuse_norm_quant is True
+    # Under Inductor the plain torch op comes first and leaves the fusion off.
+    compiled = build(model, level)
+    assert compiled.kernel_config.ir_op_priority.rms_norm == ["native"]
+    assert compiled.compilation_config.pass_config.fuse_norm_quant is False
+    # The CPU platform never prefers a CUDA kernel.
+    on_cpu = build(model, level, CpuPlatform(), compilation_config=eager)
+    assert on_cpu.compilation_config.pass_config.fuse_norm_quant is False
+    # O0 leaves every fusion off whatever the priority.
+    assert (
+        build(model, 0, compilation_config=eager).compilation_config.pass_config.fuse_norm_quant
+        is False
+    )
+
+
 def test_cpu_levels_resolve_graph_mode_to_none(model) -> None:
     for level in OptimizationLevel:
         cfg = build(model, level, CpuPlatform())
@@ -167,9 +189,14 @@ class _CC:
         return self._kv_split
 
 
-def _cfg(ops: list[str] | None = None, tp: int = 1, quantization: str | None = None, **cc: Any):
+def _cfg(
+    ops: list[str] | None = None,
+    tp: int = 1,
+    quantization: str | None = None,
+    **compilation_fields: Any,
+):
     return SimpleNamespace(
-        compilation_config=_CC(ops or ["none"], **cc),
+        compilation_config=_CC(ops or ["none"], **compilation_fields),
         parallel_config=SimpleNamespace(tensor_parallel_size=tp),
         model_config=SimpleNamespace(
             quantization=quantization,

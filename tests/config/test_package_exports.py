@@ -1,4 +1,4 @@
-"""`minivllm.config` re-exports every config class, in the seeds' module layout."""
+"""`minivllm.config` re-exports every config class, in vLLM's ``vllm.config`` module layout."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def test_all_names_resolve() -> None:
         assert getattr(config, name) is not None, name
 
 
-def test_seed_module_layout() -> None:
+def test_vllm_module_layout() -> None:
     layout = {
         "minivllm.config.compilation": [
             "CompilationConfig",

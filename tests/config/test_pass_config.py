@@ -46,12 +46,12 @@ def _fresh_log_once() -> Iterator[None]:
 
 
 def test_defaults() -> None:
-    pc = PassConfig()
+    pass_config = PassConfig()
     for name in ALL_SWITCHES:
-        assert getattr(pc, name) is None, name
-    assert pc.eliminate_noops is True
-    assert pc.rope_kvcache_fusion_max_token_num == 256
-    assert pc.fi_allreduce_fusion_max_size_mb is None
+        assert getattr(pass_config, name) is None, name
+    assert pass_config.eliminate_noops is True
+    assert pass_config.rope_kvcache_fusion_max_token_num == 256
+    assert pass_config.fi_allreduce_fusion_max_size_mb is None
     assert {f.name for f in dataclasses.fields(PassConfig)} == {
         *ALL_SWITCHES,
         "eliminate_noops",
@@ -62,12 +62,12 @@ def test_defaults() -> None:
 
 def test_cpu_turns_off_platform_fusions(caplog: pytest.LogCaptureFixture) -> None:
     with override_platform(CpuPlatform()), caplog.at_level(logging.WARNING):
-        pc = PassConfig(**dict.fromkeys(ALL_SWITCHES, True))
+        pass_config = PassConfig(**dict.fromkeys(ALL_SWITCHES, True))
     for name in ROCM_ONLY | CUDA_ALIKE_OK:
-        assert getattr(pc, name) is False, name
+        assert getattr(pass_config, name) is False, name
         assert name in caplog.text
     for name in ANY_PLATFORM:
-        assert getattr(pc, name) is True, name
+        assert getattr(pass_config, name) is True, name
 
 
 def test_cuda_keeps_cuda_fusions_and_drops_rocm_ones(caplog: pytest.LogCaptureFixture) -> None:
@@ -75,12 +75,12 @@ def test_cuda_keeps_cuda_fusions_and_drops_rocm_ones(caplog: pytest.LogCaptureFi
         override_platform(CudaPlatform(device_capability=(9, 0))),
         caplog.at_level(logging.WARNING),
     ):
-        pc = PassConfig(**dict.fromkeys(ALL_SWITCHES, True))
+        pass_config = PassConfig(**dict.fromkeys(ALL_SWITCHES, True))
     for name in ROCM_ONLY:
-        assert getattr(pc, name) is False, name
+        assert getattr(pass_config, name) is False, name
         assert name in caplog.text
     for name in CUDA_ALIKE_OK | ANY_PLATFORM:
-        assert getattr(pc, name) is True, name
+        assert getattr(pass_config, name) is True, name
         assert f"so {name} is turned off" not in caplog.text
 
 
@@ -125,16 +125,18 @@ def test_flashinfer_max_size_defaults(
 def test_flashinfer_max_size_explicit_and_cpu() -> None:
     with override_platform(CpuPlatform()):
         assert PassConfig().flashinfer_max_size(2) is None  # no defaults off CUDA
-        pc = PassConfig(fi_allreduce_fusion_max_size_mb=0.5)
-        assert pc.flashinfer_max_size(4) == MiB // 2
-        assert pc.flashinfer_max_size(3) is None  # unsupported world size wins
+        pass_config = PassConfig(fi_allreduce_fusion_max_size_mb=0.5)
+        assert pass_config.flashinfer_max_size(4) == MiB // 2
+        assert pass_config.flashinfer_max_size(3) is None  # unsupported world size wins
 
 
 def test_log_enabled_passes(caplog: pytest.LogCaptureFixture) -> None:
     with override_platform(CudaPlatform(device_capability=(9, 0))):
-        pc = PassConfig(fuse_norm_quant=True, enable_qk_norm_rope_fusion=True, fuse_act_quant=False)
+        pass_config = PassConfig(
+            fuse_norm_quant=True, enable_qk_norm_rope_fusion=True, fuse_act_quant=False
+        )
     with caplog.at_level(logging.INFO, logger="minivllm"):
-        names = pc.log_enabled_passes()
+        names = pass_config.log_enabled_passes()
     assert names == ["norm_quant", "qk_norm_rope_fusion"]
     assert "Enabled custom fusions: norm_quant, qk_norm_rope_fusion" in caplog.text
     assert PassConfig().log_enabled_passes() == []
@@ -162,7 +164,11 @@ def test_unknown_field_is_rejected() -> None:
 
 def test_type_adapter_round_trip() -> None:
     adapter = TypeAdapter(PassConfig)
-    pc = adapter.validate_python({"fuse_norm_quant": True, "rope_kvcache_fusion_max_token_num": 64})
-    assert pc.fuse_norm_quant is True and pc.rope_kvcache_fusion_max_token_num == 64
-    again = adapter.validate_python(adapter.dump_python(pc))
-    assert again.compute_hash() == pc.compute_hash()
+    pass_config = adapter.validate_python(
+        {"fuse_norm_quant": True, "rope_kvcache_fusion_max_token_num": 64}
+    )
+    assert (
+        pass_config.fuse_norm_quant is True and pass_config.rope_kvcache_fusion_max_token_num == 64
+    )
+    again = adapter.validate_python(adapter.dump_python(pass_config))
+    assert again.compute_hash() == pass_config.compute_hash()

@@ -131,11 +131,15 @@ def test_attention_config() -> None:
 
 def test_kernel_config() -> None:
     k = KernelConfig()
-    assert k.ir_op_priority.rms_norm == ["native"]
+    assert k.ir_op_priority.rms_norm == []  # unset: the platform fills it when resolving
     assert k.enable_flashinfer_autotune is None and k.enable_jit_warmup
-    empty = KernelConfig(ir_op_priority=IrOpPriorityConfig(rms_norm=[], fused_add_rms_norm=[]))
-    empty.set_platform_defaults(None)  # type: ignore[arg-type]
+    empty = KernelConfig()
+    empty.set_platform_defaults(None)  # type: ignore[arg-type]  # the CPU platform's
     assert empty.ir_op_priority.fused_add_rms_norm == ["native"]
+    # The platform's names are appended after the user's, never repeated.
+    given = KernelConfig(ir_op_priority=IrOpPriorityConfig(rms_norm=["vllm_c"]))
+    given.set_platform_defaults(None)  # type: ignore[arg-type]
+    assert given.ir_op_priority.rms_norm == ["vllm_c", "native"]
     with pytest.raises(ValueError, match="aiter"):
         KernelConfig(ir_op_priority=IrOpPriorityConfig(rms_norm=["aiter"]))
     # Autotuning and warm-up do not change the graph.

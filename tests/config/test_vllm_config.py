@@ -1,4 +1,5 @@
-"""`VllmConfig.__post_init__`: one test per resolution rule (seed 002 order).
+"""`VllmConfig.__post_init__`: one test per resolution rule, in the order of
+vLLM's `VllmConfig.__post_init__`.
 
 CUDA rules are checked by resolving as an SM90 GPU would, with
 ``override_platform(CudaPlatform(device_capability=(9, 0)))``.
@@ -68,10 +69,13 @@ def test_user_mode_is_kept_at_o0(model) -> None:
 
 def test_enforce_eager_turns_off_compile_graphs_and_warmup(model) -> None:
     cfg = build(eager_model(model))
-    cc = cfg.compilation_config
-    assert cc.mode == CompilationMode.NONE
-    assert cc.cudagraph_mode == CUDAGraphMode.NONE
-    assert cc.cudagraph_capture_sizes == [] and cc.max_cudagraph_capture_size == 0
+    compilation_config = cfg.compilation_config
+    assert compilation_config.mode == CompilationMode.NONE
+    assert compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert (
+        compilation_config.cudagraph_capture_sizes == []
+        and compilation_config.max_cudagraph_capture_size == 0
+    )
     assert cfg.kernel_config.enable_jit_warmup is False
     assert cfg.explain()["compilation_config.mode"]["rule"] == "enforce_eager"
 
@@ -104,9 +108,12 @@ def test_default_custom_ops(model) -> None:
 
 def test_cpu_has_no_static_graphs(model) -> None:
     cfg = build(model, CPU, compilation_config={"cudagraph_capture_sizes": [1, 2]})
-    cc = cfg.compilation_config
-    assert cc.cudagraph_mode == CUDAGraphMode.NONE
-    assert cc.cudagraph_capture_sizes == [] and cc.max_cudagraph_capture_size == 0
+    compilation_config = cfg.compilation_config
+    assert compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert (
+        compilation_config.cudagraph_capture_sizes == []
+        and compilation_config.max_cudagraph_capture_size == 0
+    )
     entry = cfg.explain()["compilation_config.cudagraph_mode"]
     assert entry["source"] == "platform"
     assert entry["reason"] == (
@@ -114,14 +121,14 @@ def test_cpu_has_no_static_graphs(model) -> None:
         "(no static graph mode)"
     )
     # Compilation itself still runs on the CPU.
-    assert cc.mode == CompilationMode.VLLM_COMPILE
+    assert compilation_config.mode == CompilationMode.VLLM_COMPILE
 
 
 def test_stock_torch_compile_keeps_only_full_decode_graphs(model) -> None:
     cfg = build(model, compilation_config={"mode": CompilationMode.STOCK_TORCH_COMPILE})
-    cc = cfg.compilation_config
-    assert cc.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
-    assert cc.cudagraph_capture_sizes and cc.splitting_ops == []
+    compilation_config = cfg.compilation_config
+    assert compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    assert compilation_config.cudagraph_capture_sizes and compilation_config.splitting_ops == []
     entry = cfg.explain()["compilation_config.cudagraph_mode"]
     assert entry["rule"] == "_normalize_piecewise_cudagraph_mode"
     assert "FULL_AND_PIECEWISE -> FULL_DECODE_ONLY" in entry["reason"]
@@ -129,9 +136,12 @@ def test_stock_torch_compile_keeps_only_full_decode_graphs(model) -> None:
 
 def test_piecewise_without_vllm_compile_means_no_graphs(model) -> None:
     cfg = build(model, optimization_level=1, compilation_config={"mode": 2})
-    cc = cfg.compilation_config
-    assert cc.cudagraph_mode == CUDAGraphMode.NONE
-    assert cc.cudagraph_capture_sizes == [] and cc.max_cudagraph_capture_size == 0
+    compilation_config = cfg.compilation_config
+    assert compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert (
+        compilation_config.cudagraph_capture_sizes == []
+        and compilation_config.max_cudagraph_capture_size == 0
+    )
 
 
 def test_warmups_on_cuda_with_graphs(model) -> None:

@@ -42,17 +42,17 @@ def sizes_of(
 
 
 def test_reference_256_seqs(model) -> None:
-    cc = sizes_of(model, sched={"max_num_seqs": 256}).compilation_config
-    assert cc.cudagraph_capture_sizes == DEFAULT_GRID_512
-    assert len(cc.cudagraph_capture_sizes) == 51
-    assert cc.max_cudagraph_capture_size == 512
+    compilation_config = sizes_of(model, sched={"max_num_seqs": 256}).compilation_config
+    assert compilation_config.cudagraph_capture_sizes == DEFAULT_GRID_512
+    assert len(compilation_config.cudagraph_capture_sizes) == 51
+    assert compilation_config.max_cudagraph_capture_size == 512
 
 
 def test_reference_20_seqs(model) -> None:
-    cc = sizes_of(model, sched={"max_num_seqs": 20}).compilation_config
+    compilation_config = sizes_of(model, sched={"max_num_seqs": 20}).compilation_config
     # Ceiling 2 * 20 = 40; the decode width 20 is captured off the 8-stride.
-    assert cc.cudagraph_capture_sizes == [1, 2, 4, 8, 16, 20, 24, 32, 40]
-    assert cc.max_cudagraph_capture_size == 40
+    assert compilation_config.cudagraph_capture_sizes == [1, 2, 4, 8, 16, 20, 24, 32, 40]
+    assert compilation_config.max_cudagraph_capture_size == 40
 
 
 def test_interactivity_captures_every_size_to_32(model) -> None:
@@ -68,9 +68,9 @@ def test_throughput_uses_the_balanced_grid(model) -> None:
 
 
 def test_data_center_blackwell_goes_to_1024(model) -> None:
-    cc = sizes_of(model, SM100, sched={"max_num_seqs": 512}).compilation_config
-    assert cc.max_cudagraph_capture_size == 1024
-    assert cc.cudagraph_capture_sizes[-3:] == [992, 1008, 1024]
+    compilation_config = sizes_of(model, SM100, sched={"max_num_seqs": 512}).compilation_config
+    assert compilation_config.max_cudagraph_capture_size == 1024
+    assert compilation_config.cudagraph_capture_sizes[-3:] == [992, 1008, 1024]
     # The same batch width on Hopper stops at the 512 ceiling.
     assert (
         sizes_of(model, sched={"max_num_seqs": 512}).compilation_config.max_cudagraph_capture_size
@@ -79,11 +79,14 @@ def test_data_center_blackwell_goes_to_1024(model) -> None:
 
 
 def test_token_budget_caps_and_is_captured(model) -> None:
-    cc = sizes_of(
+    compilation_config = sizes_of(
         model, sched={"max_num_seqs": 64, "max_num_batched_tokens": 100}
     ).compilation_config
-    assert cc.cudagraph_capture_sizes == [1, 2, 4, *range(8, 97, 8), 100]
-    assert 64 in cc.cudagraph_capture_sizes and cc.max_cudagraph_capture_size == 100
+    assert compilation_config.cudagraph_capture_sizes == [1, 2, 4, *range(8, 97, 8), 100]
+    assert (
+        64 in compilation_config.cudagraph_capture_sizes
+        and compilation_config.max_cudagraph_capture_size == 100
+    )
 
 
 def test_user_sizes_are_deduplicated_sorted_and_cut(model) -> None:
@@ -92,19 +95,19 @@ def test_user_sizes_are_deduplicated_sorted_and_cut(model) -> None:
         sched={"max_num_batched_tokens": 300},
         compilation_config={"cudagraph_capture_sizes": [64, 8, 8, 1024, 300, 2]},
     )
-    cc = cfg.compilation_config
-    assert cc.cudagraph_capture_sizes == [2, 8, 64, 300]
-    assert cc.max_cudagraph_capture_size == 300
+    compilation_config = cfg.compilation_config
+    assert compilation_config.cudagraph_capture_sizes == [2, 8, 64, 300]
+    assert compilation_config.max_cudagraph_capture_size == 300
 
 
 def test_user_max_size_builds_the_grid_without_decode_sizes(model) -> None:
-    cc = sizes_of(
+    compilation_config = sizes_of(
         model, sched={"max_num_seqs": 20}, compilation_config={"max_cudagraph_capture_size": 100}
     ).compilation_config
     # An explicit ceiling is kept exactly: no off-stride decode width (20) is added.
-    assert cc.cudagraph_capture_sizes == [1, 2, 4, *range(8, 97, 8)]
+    assert compilation_config.cudagraph_capture_sizes == [1, 2, 4, *range(8, 97, 8)]
     # 100 is not on the grid, so the maximum is truncated to the largest size.
-    assert cc.max_cudagraph_capture_size == 96
+    assert compilation_config.max_cudagraph_capture_size == 96
 
 
 def test_inconsistent_user_max_and_sizes_raise(model) -> None:
@@ -124,12 +127,14 @@ def test_inconsistent_user_max_and_sizes_raise(model) -> None:
 
 
 def test_compile_sizes_from_capture_sizes(model) -> None:
-    cc = sizes_of(
+    compilation_config = sizes_of(
         model,
         sched={"max_num_seqs": 20},
         compilation_config={"compile_sizes": ["cudagraph_capture_sizes", 7]},
     ).compilation_config
-    assert cc.compile_sizes == sorted({*cc.cudagraph_capture_sizes, 7})
+    assert compilation_config.compile_sizes == sorted(
+        {*compilation_config.cudagraph_capture_sizes, 7}
+    )
 
 
 def test_uniform_decode_sizes_with_draft_tokens() -> None:
@@ -162,13 +167,13 @@ def test_default_grid_properties(max_capture: int, max_tokens: int, mode: str) -
 
 
 def test_compile_ranges_end_at_the_token_budget(model) -> None:
-    cc = sizes_of(model).compilation_config
-    assert cc.compile_ranges_endpoints == [8192]
-    assert [(r.start, r.end) for r in cc.get_compile_ranges()] == [(1, 8192)]
+    compilation_config = sizes_of(model).compilation_config
+    assert compilation_config.compile_ranges_endpoints == [8192]
+    assert [(r.start, r.end) for r in compilation_config.get_compile_ranges()] == [(1, 8192)]
 
 
 def test_user_compile_range_endpoints_inside_the_budget_are_kept(model) -> None:
-    cc = sizes_of(
+    compilation_config = sizes_of(
         model, compilation_config={"compile_ranges_endpoints": [1, 512, 100_000, 512]}
     ).compilation_config
-    assert cc.compile_ranges_endpoints == [512, 8192]
+    assert compilation_config.compile_ranges_endpoints == [512, 8192]

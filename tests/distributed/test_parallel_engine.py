@@ -40,13 +40,13 @@ def test_tp2_pp2_gives_the_one_process_greedy_tokens(tiny_qwen2: Path, tp2_pp2: 
 
 
 def test_workers_are_spawned_with_a_thread_share(tp2_pp2: LLM) -> None:
-    from minivllm.executor.rank_worker import threads_per_worker
+    from minivllm.platforms.cpu import cpu_threads_per_rank
 
     executor = tp2_pp2.llm_engine.executor
     assert len(executor.worker_pids) == 4 and os.getpid() not in executor.worker_pids
     assert executor.collective_rpc("pid") == executor.worker_pids
     # The cores (or MINIVLLM_CPU_THREADS) split over four ranks, at least one each.
-    assert executor.collective_rpc("num_threads") == [threads_per_worker(4)] * 4
+    assert executor.collective_rpc("num_threads") == [cpu_threads_per_rank(4)] * 4
 
 
 # Eight requests of different lengths, some ending early: the batches split them.

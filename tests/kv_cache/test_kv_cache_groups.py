@@ -12,11 +12,11 @@ import pytest
 
 from minivllm.kv_cache import KVCacheManager
 from minivllm.kv_cache.groups import (
-    cdiv,
     max_blocks_per_request,
     plan_kv_cache_groups,
     sliding_window_blocks_held,
 )
+from minivllm.math_utils import cdiv
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler.request import Request
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.kv_cache.groups import cdiv
+from minivllm.math_utils import cdiv
 from minivllm.model_executor.loader import get_weights_iterator
 
 WINDOW = 48

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.ops import gather_kv, gather_kv_batched, store_kv, valid_slots
+from minivllm.math_utils import cdiv, round_up
 
 SMALL_ATTENTION_WORK = 1 << 21
 """Query-key products (times heads x head size) of a step at or below which its
@@ -182,12 +183,12 @@ def _decode_group(
     lens_t = torch.tensor(lens, device=device)[:, None]
     if sliding_window is None:
         max_len = max(lens)
-        padded = -(-max_len // block_size) * block_size
+        padded = round_up(max_len, block_size)
         key_pos = torch.arange(padded, device=device)[None, :]
         key_mask = key_pos < lens_t
     else:
         first = [max(0, n - sliding_window) // block_size for n in lens]
-        num_blocks = max(-(-n // block_size) - f for n, f in zip(lens, first, strict=True))
+        num_blocks = max(cdiv(n, block_size) - f for n, f in zip(lens, first, strict=True))
         first_t = torch.tensor(first, device=device)[:, None]
         cols = (first_t + torch.arange(num_blocks, device=device)[None, :]).clamp_(
             max=tables.shape[1] - 1

@@ -8,22 +8,19 @@
 - `splitting_ops`: which operators split the graph into pieces.
 """
 
-from minivllm.config.compilation.config import (
-    AttentionCGSupport,
-    CompilationConfig,
-    CompilationMode,
-    CUDAGraphMode,
-    DynamicShapesConfig,
-    DynamicShapesType,
-    PassConfig,
-    Range,
+from minivllm.config.attention_support import AttentionCGSupport
+from minivllm.config.compilation.checks import resolve_obj_by_qualname
+from minivllm.config.compilation.config import CompilationConfig, Range
+from minivllm.config.compilation.cudagraph_grids import (
     decode_cudagraph_capture_grid,
     decode_cudagraph_capture_max_tokens,
     decode_cudagraph_capture_shapes,
     prefill_cudagraph_capture_grid,
-    resolve_obj_by_qualname,
     varlen_decode_cudagraph_capture_grid,
 )
+from minivllm.config.compilation.dynamic_shapes import DynamicShapesConfig, DynamicShapesType
+from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode
+from minivllm.config.compilation.pass_config import PassConfig
 
 __all__ = [
     "AttentionCGSupport",

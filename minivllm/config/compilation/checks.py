@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -74,7 +73,7 @@ def _inductor_deterministic_default() -> bool:
     inductor_config = sys.modules.get("torch._inductor.config")
     if inductor_config is not None:
         return bool(getattr(inductor_config, "deterministic", False))
-    return os.environ.get("TORCHINDUCTOR_DETERMINISTIC") == "1"
+    return envs.inductor_deterministic()
 
 
 def default_inductor_options(cfg: CompilationConfig) -> None:
@@ -116,9 +115,11 @@ def resolve_inductor_passes(cfg: CompilationConfig) -> None:
 
 def enable_rope_op_for_rope_fusions(cfg: CompilationConfig) -> None:
     """The RoPE fusions match the custom rotary_embedding op, not its plain form."""
-    pc = cfg.pass_config
+    pass_config = cfg.pass_config
     wants_rope_op = (
-        pc.enable_qk_norm_rope_fusion or pc.fuse_rope_kvcache or pc.fuse_qk_norm_rope_kvcache
+        pass_config.enable_qk_norm_rope_fusion
+        or pass_config.fuse_rope_kvcache
+        or pass_config.fuse_qk_norm_rope_kvcache
     )
     if wants_rope_op and "+rotary_embedding" not in cfg.custom_ops:
         cfg.custom_ops.append("+rotary_embedding")

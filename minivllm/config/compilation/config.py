@@ -27,23 +27,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, TypeAdapter, field_validator
 
 from minivllm import envs
-from minivllm.config.attention_support import AttentionCGSupport
 from minivllm.config.compilation import checks as _checks
 from minivllm.config.compilation import cudagraph as _cg
 from minivllm.config.compilation.checks import (
     BASE_CUSTOM_OPS,
     COMPILE_SIZES_FROM_CAPTURE,
     PIECEWISE_BACKENDS,
-    resolve_obj_by_qualname,
 )
-from minivllm.config.compilation.cudagraph_grids import (
-    decode_cudagraph_capture_grid,
-    decode_cudagraph_capture_max_tokens,
-    decode_cudagraph_capture_shapes,
-    prefill_cudagraph_capture_grid,
-    varlen_decode_cudagraph_capture_grid,
-)
-from minivllm.config.compilation.dynamic_shapes import DynamicShapesConfig, DynamicShapesType
+from minivllm.config.compilation.dynamic_shapes import DynamicShapesConfig
 from minivllm.config.compilation.legacy import migrate_legacy_fields
 from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode, log_once
 from minivllm.config.compilation.pass_config import PassConfig
@@ -520,19 +511,4 @@ _REPR_EXCLUDE: dict[str, Any] = {
     "inductor_compile_config": {"post_grad_custom_post_pass": True},
 }
 
-__all__ = [
-    "AttentionCGSupport",
-    "CUDAGraphMode",
-    "CompilationConfig",
-    "CompilationMode",
-    "DynamicShapesConfig",
-    "DynamicShapesType",
-    "PassConfig",
-    "Range",
-    "decode_cudagraph_capture_grid",
-    "decode_cudagraph_capture_max_tokens",
-    "decode_cudagraph_capture_shapes",
-    "prefill_cudagraph_capture_grid",
-    "resolve_obj_by_qualname",
-    "varlen_decode_cudagraph_capture_grid",
-]
+__all__ = ["CompilationConfig", "Range"]

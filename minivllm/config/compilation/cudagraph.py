@@ -7,11 +7,12 @@ as a method of the same name, which is what callers use.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from minivllm.config.attention_support import AttentionCGSupport
 from minivllm.config.compilation.modes import CompilationMode, CUDAGraphMode, log_once
 from minivllm.logger import init_logger
+from minivllm.math_utils import round_up
 
 if TYPE_CHECKING:
     from minivllm.config.compilation import CompilationConfig
@@ -25,10 +26,6 @@ KV_CACHE_UPDATE_OPS: tuple[str, ...] = ("minivllm::unified_kv_cache_update",)
 """KV-cache write ops. Their string argument (the layer name) stops Inductor from
 reusing one compiled piece for every layer, so the default split leaves them out of
 the compiled pieces too."""
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def set_splitting_ops_for_v1(
@@ -159,85 +156,131 @@ def resolve_cudagraph_mode_and_sizes(
     if mode is None or mode == CUDAGraphMode.NONE:
         cfg.cudagraph_mode = CUDAGraphMode.NONE
         return CUDAGraphMode.NONE
-
-    def unsupported(m: CUDAGraphMode, extra: str = "") -> str:
-        return (
-            f"CUDAGraphMode.{m.name} is not supported{extra} with the {min_cg_attn_backend} "
-            f"attention backend (support: {min_cg_support.name})"
-        )
-
-    # 1. Full graphs for mixed batches need a backend that captures any batch.
-    if mode.mixed_mode() == CUDAGraphMode.FULL and min_cg_support != AttentionCGSupport.ALWAYS:
-        msg = unsupported(mode)
-        if min_cg_support == AttentionCGSupport.NEVER:
-            raise ValueError(
-                msg + "; use cudagraph_mode=PIECEWISE with compilation mode VLLM_COMPILE"
-            )
-        if cfg.splitting_ops_contain_attention():
-            mode = CUDAGraphMode.FULL_AND_PIECEWISE
-        else:
-            mode = CUDAGraphMode.FULL_DECODE_ONLY
-        logger.warning("%s; setting cudagraph_mode=%s", msg, mode.name)
-
-    # 2. Full decode graphs need at least some full-graph support.
-    if mode.decode_mode() == CUDAGraphMode.FULL and min_cg_support == AttentionCGSupport.NEVER:
-        msg = unsupported(mode)
-        if cfg.mode == CompilationMode.VLLM_COMPILE and (
-            cfg.splitting_ops_contain_attention() or cfg.use_inductor_graph_partition
-        ):
-            mode = CUDAGraphMode.PIECEWISE
-            reason = "attention is compiled piecewise"
-        else:
-            mode = CUDAGraphMode.NONE
-            reason = "attention is not compiled piecewise"
-        logger.warning("%s; setting cudagraph_mode=%s because %s", msg, mode.name, reason)
-
-    # 3. Spec-decode verification batches (q > 1) need uniform-batch support.
-    if (
-        mode.decode_mode() == CUDAGraphMode.FULL
-        and uniform_decode_query_len > 1
-        and min_cg_support.value < AttentionCGSupport.UNIFORM_BATCH.value
-    ):
-        msg = unsupported(mode, " with speculative decoding")
-        if cfg.splitting_ops_contain_attention():
-            mode = CUDAGraphMode.PIECEWISE
-        else:
-            mode = CUDAGraphMode.NONE
-        logger.warning("%s; setting cudagraph_mode=%s", msg, mode.name)
-
-    # 4. Piecewise graphs need something to capture in pieces.
-    if not piecewise_capture_available and mode.requires_piecewise_compilation():
-        fallback = mode.without_piecewise()
-        log_once(
-            logger,
-            logging.WARNING,
-            "cudagraph_mode %s needs piecewise capture, but the model has neither a "
-            "compiled submodule nor breakable CUDA graphs; using %s.",
-            mode,
-            fallback,
-        )
-        mode = fallback
-
-    # 5. After every downgrade, full graphs must still be capturable.
+    backend = _Backend(min_cg_support, min_cg_attn_backend)
+    mode = _fit_mixed_batches(cfg, mode, backend)
+    mode = _fit_decode_batches(cfg, mode, backend)
+    mode = _fit_verification_batches(cfg, mode, backend, uniform_decode_query_len)
+    mode = _fit_piecewise_capture(mode, piecewise_capture_available)
     if mode.has_full_cudagraphs() and min_cg_support == AttentionCGSupport.NEVER:
-        raise ValueError(
-            unsupported(mode) + "; use cudagraph_mode=PIECEWISE with compilation mode VLLM_COMPILE"
-        )
-
-    # 6. The v1 runner pads decode graphs to whole requests of q tokens.
+        # Every downgrade above is done: full graphs left now cannot be captured.
+        raise ValueError(backend.unsupported(mode) + _USE_PIECEWISE)
     if (
         not use_v2_model_runner
         and mode.decode_mode() == CUDAGraphMode.FULL
         and uniform_decode_query_len > 1
     ):
+        # The v1 runner pads decode graphs to whole requests of q tokens.
         cfg.adjust_cudagraph_sizes_for_spec_decode(uniform_decode_query_len)
+    if kv_cache_config is not None and max_num_reqs is not None and not is_profiling:
+        _check_mamba_state_blocks(mode, kv_cache_config, max_num_reqs)
+    cfg.cudagraph_mode = mode
+    return mode
 
-    # 7. Each full-graph decode sequence of a Mamba model needs its own state block.
+
+_USE_PIECEWISE = "; use cudagraph_mode=PIECEWISE with compilation mode VLLM_COMPILE"
+
+
+class _Backend(NamedTuple):
+    """The least capable attention backend of the model: what graphs it can be in."""
+
+    support: AttentionCGSupport
+    name: str | None
+
+    def unsupported(self, mode: CUDAGraphMode, extra: str = "") -> str:
+        return (
+            f"CUDAGraphMode.{mode.name} is not supported{extra} with the {self.name} "
+            f"attention backend (support: {self.support.name})"
+        )
+
+
+def _fit_mixed_batches(
+    cfg: CompilationConfig, mode: CUDAGraphMode, backend: _Backend
+) -> CUDAGraphMode:
+    """Full graphs of mixed (prefill + decode) batches need a backend that captures any
+    batch; otherwise keep full graphs for decode batches only."""
+    if mode.mixed_mode() != CUDAGraphMode.FULL or backend.support == AttentionCGSupport.ALWAYS:
+        return mode
+    msg = backend.unsupported(mode)
+    if backend.support == AttentionCGSupport.NEVER:
+        raise ValueError(msg + _USE_PIECEWISE)
+    return _downgrade(cfg, msg, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY)
+
+
+def _fit_decode_batches(
+    cfg: CompilationConfig, mode: CUDAGraphMode, backend: _Backend
+) -> CUDAGraphMode:
+    """Full decode graphs need some full-graph support; without it, piecewise graphs
+    where attention is compiled in pieces, else none."""
+    if mode.decode_mode() != CUDAGraphMode.FULL or backend.support != AttentionCGSupport.NEVER:
+        return mode
+    msg = backend.unsupported(mode)
+    if cfg.mode == CompilationMode.VLLM_COMPILE and (
+        cfg.splitting_ops_contain_attention() or cfg.use_inductor_graph_partition
+    ):
+        mode = CUDAGraphMode.PIECEWISE
+        reason = "attention is compiled piecewise"
+    else:
+        mode = CUDAGraphMode.NONE
+        reason = "attention is not compiled piecewise"
+    logger.warning("%s; setting cudagraph_mode=%s because %s", msg, mode.name, reason)
+    return mode
+
+
+def _fit_verification_batches(
+    cfg: CompilationConfig, mode: CUDAGraphMode, backend: _Backend, query_len: int
+) -> CUDAGraphMode:
+    """Speculative-decoding verification batches (``query_len`` > 1 tokens a request)
+    in full graphs need uniform-batch support."""
     if (
-        kv_cache_config is not None
-        and max_num_reqs is not None
-        and mode.has_full_cudagraphs()
-        and not is_profiling
+        mode.decode_mode() != CUDAGraphMode.FULL
+        or query_len <= 1
+        or backend.support.value >= AttentionCGSupport.UNIFORM_BATCH.value
+    ):
+        return mode
+    msg = backend.unsupported(mode, " with speculative decoding")
+    return _downgrade(cfg, msg, CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE)
+
+
+def _downgrade(
+    cfg: CompilationConfig,
+    why: str,
+    attention_split_out: CUDAGraphMode,
+    attention_compiled_in: CUDAGraphMode,
+) -> CUDAGraphMode:
+    """The mode to fall back to, by whether the splitting ops keep attention out of the
+    compiled pieces (then it runs between piecewise graphs); logged with ``why``."""
+    if cfg.splitting_ops_contain_attention():
+        mode = attention_split_out
+    else:
+        mode = attention_compiled_in
+    logger.warning("%s; setting cudagraph_mode=%s", why, mode.name)
+    return mode
+
+
+def _fit_piecewise_capture(mode: CUDAGraphMode, available: bool) -> CUDAGraphMode:
+    """Piecewise graphs need something to capture in pieces (a compiled submodule or
+    breakable CUDA graphs); without it only the full-graph part of the mode is kept."""
+    if available or not mode.requires_piecewise_compilation():
+        return mode
+    fallback = mode.without_piecewise()
+    log_once(
+        logger,
+        logging.WARNING,
+        "cudagraph_mode %s needs piecewise capture, but the model has neither a "
+        "compiled submodule nor breakable CUDA graphs; using %s.",
+        mode,
+        fallback,
+    )
+    return fallback
+
+
+def _check_mamba_state_blocks(
+    mode: CUDAGraphMode, kv_cache_config: KVCacheLayout, max_num_reqs: int
+) -> None:
+    """Each sequence of a full-graph decode batch of a Mamba model needs its own state
+    block, so the batch cannot be wider than the blocks there are."""
+    if (
+        mode.has_full_cudagraphs()
         and kv_cache_config.has_mamba_layers
         and max_num_reqs > kv_cache_config.num_blocks
     ):
@@ -247,9 +290,6 @@ def resolve_cudagraph_mode_and_sizes(
             "block, so CUDA graph capture cannot proceed. Lower max_num_seqs to at most "
             f"{kv_cache_config.num_blocks} or increase gpu_memory_utilization."
         )
-
-    cfg.cudagraph_mode = mode
-    return mode
 
 
 def adjust_cudagraph_sizes_for_spec_decode(
@@ -263,9 +303,9 @@ def adjust_cudagraph_sizes_for_spec_decode(
     assert max_size is not None, "max_cudagraph_capture_size is set with the capture sizes"
     rounded = sorted(
         {
-            _round_up(size, multiple)
+            round_up(size, multiple)
             for size in cfg.cudagraph_capture_sizes
-            if _round_up(size, multiple) <= max_size
+            if round_up(size, multiple) <= max_size
         }
     )
     if not rounded and multiple <= max_size:

@@ -92,20 +92,22 @@ def set_cudagraph_sizes(cfg: VllmConfig) -> None:
     """
     from minivllm.platforms import current_platform
 
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     model = cfg.model_config
     uses_graphs = (
-        model is not None and not model.enforce_eager and cc.cudagraph_mode != CUDAGraphMode.NONE
+        model is not None
+        and not model.enforce_eager
+        and compilation_config.cudagraph_mode != CUDAGraphMode.NONE
     )
     if not uses_graphs:
-        cc.max_cudagraph_capture_size = 0
-        cc.cudagraph_capture_sizes = []
-        cc.post_init_cudagraph_sizes()
+        compilation_config.max_cudagraph_capture_size = 0
+        compilation_config.cudagraph_capture_sizes = []
+        compilation_config.post_init_cudagraph_sizes()
         return
 
     max_num_tokens = cfg.scheduler_config.max_num_batched_tokens
-    user_max = cc.max_cudagraph_capture_size
-    user_sizes = cc.cudagraph_capture_sizes
+    user_max = compilation_config.max_cudagraph_capture_size
+    user_sizes = compilation_config.cudagraph_capture_sizes
     decode_sizes: list[int] = []
     if user_max is None:
         ceiling = current_platform.default_max_cudagraph_capture_size()
@@ -144,7 +146,7 @@ def set_cudagraph_sizes(cfg: VllmConfig) -> None:
                 "set only one of them, or make them agree."
             )
         logger.warning("Truncating max_cudagraph_capture_size to %d", valid_max)
-    cc.max_cudagraph_capture_size = valid_max
+    compilation_config.max_cudagraph_capture_size = valid_max
     if user_sizes is not None and len(sizes) < len(user_sizes):
         logger.warning(
             "cudagraph_capture_sizes %s cut to %s (max_num_batched_tokens=%d)",
@@ -152,8 +154,8 @@ def set_cudagraph_sizes(cfg: VllmConfig) -> None:
             sizes,
             max_num_tokens,
         )
-    cc.cudagraph_capture_sizes = sizes
-    cc.post_init_cudagraph_sizes()
+    compilation_config.cudagraph_capture_sizes = sizes
+    compilation_config.post_init_cudagraph_sizes()
 
 
 def set_compile_ranges(cfg: VllmConfig) -> None:
@@ -161,8 +163,8 @@ def set_compile_ranges(cfg: VllmConfig) -> None:
     specialised.  The last range ends at ``max_num_batched_tokens``; fusions that only
     pay off for small batches add their thresholds; user endpoints inside (1, end) stay.
     """
-    cc = cfg.compilation_config
-    pass_config = cc.pass_config
+    compilation_config = cfg.compilation_config
+    pass_config = compilation_config.pass_config
     end = cfg.scheduler_config.max_num_batched_tokens
     endpoints: list[int] = [end] if end is not None else []
 
@@ -180,14 +182,14 @@ def set_compile_ranges(cfg: VllmConfig) -> None:
     if pass_config.fuse_qk_norm_rope_kvcache:
         add_threshold(pass_config.rope_kvcache_fusion_max_token_num)
 
-    for x in cc.compile_ranges_endpoints or ():
+    for x in compilation_config.compile_ranges_endpoints or ():
         if not isinstance(x, int) or x <= 0:
             raise ValueError(
                 f"compile_ranges_endpoints must be positive integers, got {x!r}; fix the list."
             )
         if end is not None and 1 < x < end:
             endpoints.append(x)
-    cc.compile_ranges_endpoints = sorted(set(endpoints))
+    compilation_config.compile_ranges_endpoints = sorted(set(endpoints))
 
 
 def _dtype_itemsize(dtype: object) -> int:

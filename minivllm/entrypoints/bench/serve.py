@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from minivllm import envs
 from minivllm.entrypoints.bench.common import (
     add_common_args,
     parse_percentiles,
@@ -66,7 +66,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     server.add_argument(
         "--api-key",
-        default=os.environ.get("OPENAI_API_KEY"),
+        default=envs.openai_api_key(),
         help="Bearer token sent to the server (default: $OPENAI_API_KEY).",
     )
     traffic = parser.add_argument_group("traffic")

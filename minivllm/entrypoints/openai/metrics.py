@@ -43,106 +43,109 @@ class PrometheusStatLogger:
         num_spec_tokens: int = 0,
     ) -> None:
         self.registry = registry
-        labels = ["model_name", "engine"]
-        values = {"model_name": model_name, "engine": "0"}
+        make = _LabelledMetrics(registry, {"model_name": model_name, "engine": "0"})
+        self._make = make
+        self._add_scheduler_metrics(make)
+        self._add_token_counters(make)
+        self._add_latency_histograms(make)
+        self._add_request_histograms(make, max_model_len)
+        self._cache_info = Info(
+            "vllm:cache_config", "Information of the LLMEngine's CacheConfig.", registry=registry
+        )
+        self._success = make.counter_family(
+            "vllm:request_success",
+            "Successfully processed requests, by finish reason.",
+            "finished_reason",
+        )
+        self.request_success = {
+            reason: make.child(self._success, finished_reason=reason) for reason in FINISH_REASONS
+        }
+        self._spec: dict[str, Any] | None = None
+        self._last_spec: SpecDecodingStats | None = None
+        if num_spec_tokens:
+            self._spec = _spec_decode_counters(make, num_spec_tokens)
+        # SchedulerStats counters are cumulative; Prometheus counters take increments.
+        self._last_queries = 0
+        self._last_hits = 0
+        self._last_preemptions = 0
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=registry).labels(**values)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=registry).labels(**values)
-
-        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=registry).labels(**values)
-
-        self.num_requests_running = gauge(
+    def _add_scheduler_metrics(self, make: _LabelledMetrics) -> None:
+        """The queue lengths, KV cache use, prefix-cache and preemption counts."""
+        self.num_requests_running = make.gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches."
         )
-        self.num_requests_waiting = gauge(
+        self.num_requests_waiting = make.gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed."
         )
-        self.kv_cache_usage = gauge(
+        self.kv_cache_usage = make.gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
         )
-        self.prefix_cache_queries = counter(
+        self.prefix_cache_queries = make.counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in tokens."
         )
-        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
-        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative preemptions.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter(
+        self.prefix_cache_hits = make.counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in tokens."
+        )
+        self.num_preemptions = make.counter("vllm:num_preemptions", "Cumulative preemptions.")
+
+    def _add_token_counters(self, make: _LabelledMetrics) -> None:
+        """Prompt and generated tokens, in total and per engine step."""
+        self.prompt_tokens = make.counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed."
+        )
+        self.generation_tokens = make.counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
         )
-        self.ttft = histogram(
+        self.iteration_tokens = make.histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of the number of tokens per engine step.",
+            [float(b) for b in ITERATION_TOKENS_BUCKETS],
+        )
+
+    def _add_latency_histograms(self, make: _LabelledMetrics) -> None:
+        """Time to first token, between tokens, end to end, and in each request phase."""
+        self.ttft = make.histogram(
             "vllm:time_to_first_token_seconds", "Time to first token, in seconds.", TTFT_BUCKETS
         )
-        self.itl = histogram(
+        self.itl = make.histogram(
             "vllm:inter_token_latency_seconds", "Inter-token latency, in seconds.", ITL_BUCKETS
         )
-        self.e2e = histogram(
+        self.e2e = make.histogram(
             "vllm:e2e_request_latency_seconds",
             "End-to-end request latency, in seconds.",
             REQUEST_LATENCY_BUCKETS,
         )
         phase_doc = "Histogram of time spent in the {} phase of a request, in seconds."
-        self.queue_time = histogram(
-            "vllm:request_queue_time_seconds", phase_doc.format("WAITING"), REQUEST_LATENCY_BUCKETS
-        )
-        self.prefill_time = histogram(
-            "vllm:request_prefill_time_seconds",
-            phase_doc.format("PREFILL"),
-            REQUEST_LATENCY_BUCKETS,
-        )
-        self.decode_time = histogram(
-            "vllm:request_decode_time_seconds", phase_doc.format("DECODE"), REQUEST_LATENCY_BUCKETS
-        )
-        self.inference_time = histogram(
-            "vllm:request_inference_time_seconds",
-            phase_doc.format("RUNNING (prefill + decode)"),
-            REQUEST_LATENCY_BUCKETS,
-        )
-        self.iteration_tokens = histogram(
-            "vllm:iteration_tokens_total",
-            "Histogram of the number of tokens per engine step.",
-            [float(b) for b in ITERATION_TOKENS_BUCKETS],
-        )
-        self.request_params_n = histogram(
+        phases = {
+            "queue_time": ("vllm:request_queue_time_seconds", "WAITING"),
+            "prefill_time": ("vllm:request_prefill_time_seconds", "PREFILL"),
+            "decode_time": ("vllm:request_decode_time_seconds", "DECODE"),
+            "inference_time": (
+                "vllm:request_inference_time_seconds",
+                "RUNNING (prefill + decode)",
+            ),
+        }
+        for attr, (name, phase) in phases.items():
+            histogram = make.histogram(name, phase_doc.format(phase), REQUEST_LATENCY_BUCKETS)
+            setattr(self, attr, histogram)
+
+    def _add_request_histograms(self, make: _LabelledMetrics, max_model_len: int) -> None:
+        """Per finished request: its ``n``, ``max_tokens``, prompt and output lengths."""
+        self.request_params_n = make.histogram(
             "vllm:request_params_n", "Histogram of the n request parameter.", N_BUCKETS
         )
         length_buckets = _length_buckets(max_model_len)
-        self.request_params_max_tokens = histogram(
+        self.request_params_max_tokens = make.histogram(
             "vllm:request_params_max_tokens",
             "Histogram of the max_tokens request parameter.",
             length_buckets,
         )
-        self._cache_info = Info(
-            "vllm:cache_config", "Information of the LLMEngine's CacheConfig.", registry=registry
-        )
-        self.request_prompt_tokens = histogram(
+        self.request_prompt_tokens = make.histogram(
             "vllm:request_prompt_tokens", "Prompt tokens per request.", length_buckets
         )
-        self.request_generation_tokens = histogram(
+        self.request_generation_tokens = make.histogram(
             "vllm:request_generation_tokens", "Generated tokens per request.", length_buckets
         )
-        success = Counter(
-            "vllm:request_success",
-            "Successfully processed requests, by finish reason.",
-            [*labels, "finished_reason"],
-            registry=registry,
-        )
-        self.request_success = {
-            reason: success.labels(**values, finished_reason=reason) for reason in FINISH_REASONS
-        }
-        self._success = success
-        self._spec: dict[str, Any] | None = None
-        self._last_spec: SpecDecodingStats | None = None
-        if num_spec_tokens:
-            self._spec = _spec_decode_counters(registry, labels, values, num_spec_tokens)
-        self._values = values
-        # SchedulerStats counters are cumulative; Prometheus counters take increments.
-        self._last_queries = 0
-        self._last_hits = 0
-        self._last_preemptions = 0
 
     def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
         """Update every metric from one engine step (engine thread)."""
@@ -172,9 +175,7 @@ class PrometheusStatLogger:
         for finished in it.finished_requests:
             counter = self.request_success.get(finished.finish_reason)
             if counter is None:
-                counter = self._success.labels(
-                    **self._values, finished_reason=finished.finish_reason
-                )
+                counter = self._make.child(self._success, finished_reason=finished.finish_reason)
             counter.inc()
             self.e2e.observe(finished.e2e_latency)
             self.request_prompt_tokens.observe(finished.num_prompt_tokens)
@@ -219,25 +220,47 @@ class PrometheusStatLogger:
         return generate_latest(self.registry)
 
 
-def _spec_decode_counters(
-    registry: CollectorRegistry, labels: list[str], values: dict[str, str], num_spec_tokens: int
-) -> dict[str, Any]:
+class _LabelledMetrics:
+    """Makes the metrics of one registry, each labelled with this engine's values
+    (``model_name``, ``engine``); a family with one more label gives its children."""
+
+    def __init__(self, registry: CollectorRegistry, values: dict[str, str]) -> None:
+        self.registry = registry
+        self.values = values
+
+    def gauge(self, name: str, doc: str) -> Any:
+        return Gauge(name, doc, list(self.values), registry=self.registry).labels(**self.values)
+
+    def counter(self, name: str, doc: str) -> Any:
+        return Counter(name, doc, list(self.values), registry=self.registry).labels(**self.values)
+
+    def histogram(self, name: str, doc: str, buckets: list[float]) -> Any:
+        metric = Histogram(name, doc, list(self.values), buckets=buckets, registry=self.registry)
+        return metric.labels(**self.values)
+
+    def counter_family(self, name: str, doc: str, extra_label: str) -> Counter:
+        return Counter(name, doc, [*self.values, extra_label], registry=self.registry)
+
+    def child(self, family: Counter, **extra: str) -> Any:
+        return family.labels(**self.values, **extra)
+
+
+def _spec_decode_counters(make: _LabelledMetrics, num_spec_tokens: int) -> dict[str, Any]:
     """vLLM's speculative decoding counters (the per-position one has a position label)."""
-
-    def counter(name: str, doc: str) -> Any:
-        return Counter(name, doc, labels, registry=registry).labels(**values)
-
-    per_pos = Counter(
+    per_pos = make.counter_family(
         "vllm:spec_decode_num_accepted_tokens_per_pos",
         "Accepted draft tokens, by position in the draft.",
-        [*labels, "position"],
-        registry=registry,
+        "position",
     )
     return {
-        "drafts": counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
-        "draft_tokens": counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
-        "accepted": counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
-        "per_pos": [per_pos.labels(**values, position=str(i)) for i in range(num_spec_tokens)],
+        "drafts": make.counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+        "draft_tokens": make.counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
+        ),
+        "accepted": make.counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
+        ),
+        "per_pos": [make.child(per_pos, position=str(i)) for i in range(num_spec_tokens)],
     }
 
 

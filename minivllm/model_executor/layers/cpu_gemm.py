@@ -19,12 +19,11 @@ turn packing off.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm import envs
 from minivllm.torch_ops import eager_or_op, register_op
 
 PACK_BATCH_HINT = 32
@@ -37,7 +36,7 @@ the pointer catches a weight whose data was swapped (``module.to(...)``) after p
 
 def packed_gemm_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether linear weights of ``dtype`` on ``device`` are packed for oneDNN."""
-    if os.environ.get("MINIVLLM_CPU_PACKED_GEMM", "1") == "0":
+    if not envs.cpu_packed_gemm():
         return False
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from minivllm.distributed.communicator import GroupCoordinator
+from minivllm.math_utils import cdiv
 from minivllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -208,7 +209,7 @@ def _shard_input_columns(m: RowParallelLinear, tp: GroupCoordinator) -> None:
 
 
 def _shard_vocab(m: VocabParallelEmbedding, tp: GroupCoordinator, replaced: dict) -> None:
-    per_rank = -(-m.num_embeddings // tp.world_size)
+    per_rank = cdiv(m.num_embeddings, tp.world_size)
     m.vocab_start = tp.rank_in_group * per_rank  # type: ignore[assignment]
     m.vocab_end = min(m.vocab_start + per_rank, m.num_embeddings)  # type: ignore[assignment]
     spec = ShardSpec(0, m.vocab_start, per_rank)

@@ -266,11 +266,11 @@ class VllmConfig:
 
     @property
     def max_concurrent_batches(self) -> int:
-        """Batches in flight: one per pipeline stage, two with async scheduling (PP=1)."""
-        pp_size = self.parallel_config.pipeline_parallel_size
-        if self.scheduler_config.async_scheduling and pp_size <= 1:
-            return 2
-        return pp_size
+        """Batches the engine keeps in flight: one per pipeline stage.  The one owner of
+        this number (the engine and the scheduler read it).  vLLM also counts two for
+        async scheduling without PP; minivllm's engine does not overlap a step with
+        the next, so async scheduling adds none here."""
+        return self.parallel_config.pipeline_parallel_size
 
     @property
     def max_in_flight_tokens(self) -> int:

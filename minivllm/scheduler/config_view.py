@@ -81,6 +81,9 @@ class SchedulingConfig(Protocol):
     def num_lookahead_tokens(self) -> int: ...
 
     @property
+    def max_concurrent_batches(self) -> int: ...
+
+    @property
     def scheduler_config(self) -> SchedulerFields: ...
 
     @property

@@ -269,3 +269,32 @@ def test_dead_loop_fails_waiting_clients_and_new_requests() -> None:
             await collect(llm, "r2", 1)
 
     asyncio.run(main())
+
+
+def test_a_validated_request_is_not_validated_again(fake: FakeEngine) -> None:
+    calls: list[list[int]] = []
+    real = fake.process_inputs
+
+    def counting(prompt, params, priority=0):  # noqa: ANN001, ANN202
+        calls.append(list(prompt))
+        return real(prompt, params, priority)
+
+    fake.process_inputs = counting  # type: ignore[method-assign]
+    added: list[object] = []
+    real_add = fake.add_request
+    fake.add_request = lambda rid, prompt, *a, **k: (  # type: ignore[method-assign]
+        added.append(prompt) or real_add(rid, prompt, *a, **k)
+    )
+    llm = AsyncLLM(fake)
+
+    async def main() -> None:
+        checked = llm.process_inputs([1, 2, 3], params(2))
+        outs = [o async for o in llm.generate(checked, None, "v")]
+        assert outs[-1].finished and len(calls) == 1  # generate took it as it was
+        await collect(llm, "w", 2)  # token ids: validated once, by generate
+        assert len(calls) == 2
+
+    asyncio.run(main())
+    llm.shutdown()
+    # The engine thread received the validated requests themselves.
+    assert all(isinstance(p, ValidatedRequest) for p in added) and len(added) == 2

@@ -193,7 +193,8 @@ class Scheduler:
         # A preemption means the cache is full: admitting new work would only thrash.
         if not step.preempted_any:
             self._schedule_waiting(step)
-        step.check_invariants(self.running, self.options.max_num_seqs)
+        if __debug__:  # asserts only: skipped whole under python -O
+            step.check_invariants(self.running, self.options.max_num_seqs)
         output = self._make_output_of(step)
         self.finished_req_ids = set()
         # Scheduled tokens count as computed from now on, so the next schedule() (which may

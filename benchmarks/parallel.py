@@ -56,8 +56,7 @@ def measure(name: str, batch_sizes: list[int], tokens: int, rounds: int) -> dict
     llm = LLM(dtype="float32", optimization_level=0, max_model_len=512, **spec["args"])
     result: dict[str, Any] = {"startup_s": time.perf_counter() - start}
     if "batches" in spec:  # fewer batches in flight than the pipeline's stages
-        llm.llm_engine.max_concurrent_batches = spec["batches"]
-        llm.llm_engine.scheduler.max_concurrent_batches = spec["batches"]
+        llm.llm_engine.scheduler.options.max_concurrent_batches = spec["batches"]
     executor = llm.llm_engine.executor
     ranks = getattr(executor, "world_size", 1)
     if ranks > 1:

@@ -264,7 +264,11 @@ class VllmConfig:
 
     @property
     def max_concurrent_batches(self) -> int:
-        """Batches in flight: one per pipeline stage, two with async scheduling (PP=1)."""
+        """vLLM's bound on batches in flight: one per pipeline stage, two with async
+        scheduling and no pipeline parallelism (the step after the running one is
+        scheduled early).  It sizes `max_in_flight_tokens`.  How many batches
+        minivllm's engine actually keeps in flight is `SchedulerOptions`'s decision
+        (the pipeline's stages): its engine never overlaps a step with the next."""
         pp_size = self.parallel_config.pipeline_parallel_size
         if self.scheduler_config.async_scheduling and pp_size <= 1:
             return 2

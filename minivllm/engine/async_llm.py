@@ -27,7 +27,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from minivllm.engine.llm_engine import LLMEngine, PromptInput
+from minivllm.engine.input_processor import PromptInput, ValidatedRequest
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -92,6 +93,28 @@ class _Stream:
     max_tokens: int | None = None
 
 
+@dataclass(frozen=True)
+class AddRequest:
+    """Engine-thread command: queue a request; its outputs go to ``stream``."""
+
+    request_id: str
+    prompt: ValidatedRequest | PromptInput
+    """Validated already, or a text prompt the engine thread tokenizes and validates."""
+    params: SamplingParams
+    priority: int
+    stream: _Stream
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """Engine-thread command: abort a request (ignored once it has finished)."""
+
+    request_id: str
+
+
+EngineCommand = AddRequest | AbortRequest
+
+
 class AsyncLLM:
     """An asyncio front for one `LLMEngine`, driven by a background engine thread.
 
@@ -104,7 +127,7 @@ class AsyncLLM:
     def __init__(self, engine: LLMEngine, stat_loggers: list[StatLogger] | None = None) -> None:
         self.engine = engine
         self.stat_loggers = list(stat_loggers or [])
-        self._commands: collections.deque[tuple[str, Any]] = collections.deque()
+        self._commands: collections.deque[EngineCommand] = collections.deque()
         self._wakeup = threading.Event()
         # Only the engine thread reads or writes this dict.
         self._streams: dict[str, _Stream] = {}
@@ -144,45 +167,49 @@ class AsyncLLM:
     def vllm_config(self) -> VllmConfig:
         return self.engine.vllm_config
 
-    def validate_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
-    ) -> None:
-        """The engine's ValueError for a request it could never finish (pure, thread-safe)."""
-        self.engine.validate_request(prompt_token_ids, params, priority)
+    def process_inputs(
+        self, prompt: PromptInput, params: SamplingParams, priority: int = 0
+    ) -> ValidatedRequest:
+        """Validate a token-id request before it is sent (pure, thread-safe): the
+        engine's ValueError for a request it could never finish."""
+        return self.engine.process_inputs(prompt, params, priority)
 
     # -- requests -------------------------------------------------------------
     async def generate(
         self,
-        prompt: PromptInput,
-        sampling_params: SamplingParams,
+        prompt: PromptInput | ValidatedRequest,
+        sampling_params: SamplingParams | None,
         request_id: str,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs until it finishes.
 
+        ``prompt``: a `ValidatedRequest` (from `process_inputs`; ``sampling_params``
+        and ``priority`` are then its own), token ids (validated here) or text
+        (tokenized and validated by the engine thread, which holds the tokenizer).
         Raises `EngineShutdownError` when shutting down, `EngineDeadError` when the
         loop has died, ValueError for an invalid request, `EngineError` when a step
         failed while this request was running.
         """
         self._check_accepting()
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            ids: list[int] | None = list(prompt["prompt_token_ids"])
-        elif isinstance(prompt, list):
-            ids = list(prompt)
-        else:
-            ids = None  # text: tokenized (and validated) by the engine thread
-        if ids is not None:
-            self.validate_request(ids, sampling_params, priority)
+        if not isinstance(prompt, ValidatedRequest) and not _is_text(prompt):
+            assert sampling_params is not None
+            prompt = self.process_inputs(prompt, sampling_params, priority)
+        if isinstance(prompt, ValidatedRequest):
+            sampling_params, priority = prompt.params, prompt.priority
+        assert sampling_params is not None
         stream = _Stream(
             request_id,
             asyncio.get_running_loop(),
             asyncio.Queue(),
             delta=sampling_params.output_kind == RequestOutputKind.DELTA,
-            num_prompt_tokens=len(ids) if ids else 0,
+            num_prompt_tokens=(
+                len(prompt.prompt_token_ids) if isinstance(prompt, ValidatedRequest) else 0
+            ),
             n=sampling_params.n,
             max_tokens=sampling_params.max_tokens,
         )
-        self._send("add", (request_id, prompt, sampling_params, priority, stream))
+        self._send(AddRequest(request_id, prompt, sampling_params, priority, stream))
         finished = False
         try:
             while True:
@@ -196,11 +223,11 @@ class AsyncLLM:
                     return
         finally:
             if not finished:
-                self._send("abort", request_id)
+                self._send(AbortRequest(request_id))
 
     async def abort(self, request_id: str) -> None:
         """Abort a request; its stream ends with finish_reason "abort"."""
-        self._send("abort", request_id)
+        self._send(AbortRequest(request_id))
 
     def _check_accepting(self) -> None:
         if self.errored:
@@ -208,8 +235,8 @@ class AsyncLLM:
         if not self._accepting:
             raise EngineShutdownError("the server is shutting down and takes no new requests")
 
-    def _send(self, kind: str, payload: Any) -> None:
-        self._commands.append((kind, payload))
+    def _send(self, command: EngineCommand) -> None:
+        self._commands.append(command)
         self._wakeup.set()
 
     # -- shutdown -------------------------------------------------------------
@@ -259,34 +286,35 @@ class AsyncLLM:
             self._fail_streams(list(self._streams), error)
             # Requests queued but never added would otherwise wait forever.
             while self._commands:
-                kind, payload = self._commands.popleft()
-                if kind == "add":
-                    self._put(payload[-1], [error])
+                command = self._commands.popleft()
+                if isinstance(command, AddRequest):
+                    self._put(command.stream, [error])
 
     def _process_commands(self, stats: IterationStats) -> bool:
         changed = False
         while self._commands:
-            kind, payload = self._commands.popleft()
+            command = self._commands.popleft()
             changed = True
-            if kind == "add":
-                self._add(*payload)
+            if isinstance(command, AddRequest):
+                self._add(command)
+            elif isinstance(command, AbortRequest):
+                self._abort([command.request_id], stats)
             else:
-                self._abort([payload], stats)
+                raise TypeError(f"unknown engine command {command!r}")
         return changed
 
-    def _add(
-        self,
-        request_id: str,
-        prompt: PromptInput,
-        params: SamplingParams,
-        priority: int,
-        stream: _Stream,
-    ) -> None:
+    def _add(self, command: AddRequest) -> None:
+        request_id, stream = command.request_id, command.stream
         if not self._accepting and self._drain_deadline is not None:
             self._put(stream, [EngineShutdownError("the server is shutting down")])
             return
         try:
-            self.engine.add_request(request_id, prompt, params, priority=priority)
+            if isinstance(command.prompt, ValidatedRequest):
+                self.engine.add_request(request_id, command.prompt)
+            else:  # a text prompt: tokenized and validated here, by the engine thread
+                self.engine.add_request(
+                    request_id, command.prompt, command.params, priority=command.priority
+                )
         except Exception as exc:  # invalid request: only this client hears about it
             self._put(stream, [exc])
             return
@@ -435,12 +463,21 @@ class AsyncLLM:
                 logger.exception("stat logger %r failed", stat_logger)
 
 
+def _is_text(prompt: PromptInput) -> bool:
+    """A prompt the engine thread must tokenize (the tokenizer is not shared)."""
+    if isinstance(prompt, dict):
+        return "prompt_token_ids" not in prompt
+    return isinstance(prompt, str)
+
+
 def _put_all(items: list[tuple[_Stream, RequestOutput | BaseException]]) -> None:
     for stream, item in items:
         stream.queue.put_nowait(item)
 
 
 __all__ = [
+    "AbortRequest",
+    "AddRequest",
     "AsyncLLM",
     "EngineDeadError",
     "EngineError",

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from minivllm.engine.input_processor import InputProcessor, PromptInput, ValidatedRequest
 from minivllm.engine.offline_stats import OfflineStatsCollector
 from minivllm.engine.output_processor import OutputProcessor, ParentRequest
 from minivllm.executor.factory import get_executor_class
@@ -28,17 +29,13 @@ from minivllm.scheduler.output import EngineCoreOutput, ModelRunnerOutput, Sched
 from minivllm.scheduler.request import Request, RequestStatus
 from minivllm.scheduler.scheduler import Scheduler
 from minivllm.stats import SchedulerStats
-from minivllm.structured_output.manager import StructuredOutputManager
 
 if TYPE_CHECKING:
     from minivllm.args.engine_args import EngineArgs
     from minivllm.config.vllm import VllmConfig
-    from minivllm.structured_output.spec import CompiledGrammar
+    from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = init_logger(__name__)
-
-PromptInput = str | list[int] | dict[str, Any]
-"""A text prompt, a list of token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}``."""
 
 
 class LLMEngine:
@@ -57,11 +54,6 @@ class LLMEngine:
             self.tokenizer = get_tokenizer(mc.tokenizer or mc.model)
         self.executor = get_executor_class(vllm_config)(vllm_config)
         parallel = vllm_config.parallel_config
-        # One batch per pipeline stage in flight.  (VllmConfig also counts 2 for async
-        # scheduling without PP, which this engine does not overlap.)
-        self.max_concurrent_batches = (
-            vllm_config.max_concurrent_batches if parallel.pipeline_parallel_size > 1 else 1
-        )
         self.batch_queue: deque[tuple[SchedulerOutput, Any]] = deque()
         """Batches submitted to the executor whose results are not applied yet, oldest
         first (each with the executor's pending result); only used above one batch."""
@@ -69,139 +61,51 @@ class LLMEngine:
             vllm_config,
             self.executor.num_blocks,
             self.executor.kv_group_windows,
-            max_concurrent_batches=self.max_concurrent_batches,
             # Only the output rank samples: the other ranks get its tokens this way.
             send_sampled_tokens=parallel.world_size > 1,
         )
         self.output_processor = OutputProcessor(
             self.tokenizer, vllm_config.observability_config.per_request_spec_decode_metrics
         )
-        # No tokenizer with skip_tokenizer_init; a GGUF or HF one may still lack an EOS id.
-        self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
-        # getattr: not every HF config has eos_token_id.  A list (Gemma 3: <eos> and
-        # <end_of_turn>) adds stop tokens beyond the tokenizer's one EOS.
-        model_eos = getattr(mc.hf_text_config, "eos_token_id", None)
-        self.model_eos_token_ids: list[int] = list(model_eos) if isinstance(model_eos, list) else []
-        self.max_logprobs = mc.max_logprobs
+        self.input_processor = InputProcessor(vllm_config, self.tokenizer, self.scheduler)
+        self.eos_token_id = self.input_processor.eos_token_id
         self._ids = itertools.count()
         # Offline statistics (LLM with disable_log_stats=False): per-step counts for the
         # stat loggers; the server's AsyncLLM keeps its own.
         self.stat_loggers: list[Any] = []
         self._offline_stats: OfflineStatsCollector | None = None
-        self._structured_outputs: StructuredOutputManager | None = None
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
         return cls(engine_args.create_engine_config())
 
     # -- requests -----------------------------------------------------------
-    def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
-        """``(prompt text or None, prompt token ids)`` for any accepted prompt form."""
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(
-                    "text prompts need a tokenizer; this engine was started with "
-                    "skip_tokenizer_init=True, so pass token ids instead"
-                )
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            return None, list(prompt)
-        raise ValueError(
-            f"unsupported prompt type {type(prompt).__name__}: give a string, a list of "
-            "token ids, or a dict with 'prompt' or 'prompt_token_ids'"
-        )
-
-    def validate_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
-    ) -> None:
-        """ValueError, with the numbers, for a request the engine could never finish.
-
-        Pure and thread-safe: the API server calls it before a stream starts, so that
-        such a request gets a 400 rather than an error event after a 200.
-        """
-        max_len = self.model_config.max_model_len
-        vocab = self.model_config.get_vocab_size()
-        num_prompt = len(prompt_token_ids)
-        if num_prompt == 0:
-            raise ValueError("the prompt is empty; give at least one token")
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is out of vocabulary (size {vocab})")
-        if num_prompt >= max_len:
-            raise ValueError(
-                f"the prompt has {num_prompt} tokens, but this model's maximum context "
-                f"length is {max_len}; shorten the prompt"
-            )
-        if params.max_tokens is not None and num_prompt + params.max_tokens > max_len:
-            raise ValueError(
-                f"this model's maximum context length is {max_len} tokens, but the request "
-                f"asks for {num_prompt + params.max_tokens} ({num_prompt} in the prompt + "
-                f"{params.max_tokens} max_tokens); lower max_tokens or shorten the prompt"
-            )
-        capacity = self.scheduler.kv_cache_manager.max_num_tokens
-        if params.n * num_prompt > capacity:
-            raise ValueError(
-                f"n={params.n} completions of a {num_prompt}-token prompt need "
-                f"{params.n * num_prompt} tokens of KV cache, but the whole cache holds "
-                f"{capacity} tokens; lower n or shorten the prompt"
-            )
-        self.scheduler.check_request(num_prompt, priority)
-        params.verify_for_model(vocab, self.max_logprobs)
-        self.grammar_for(params)
+    def process_inputs(
+        self, prompt: PromptInput, params: SamplingParams | None = None, priority: int = 0
+    ) -> ValidatedRequest:
+        """Tokenize and validate a request (the one validation point; see
+        `input_processor`).  Thread-safe for token-id prompts: the server calls it
+        before a stream starts, so that a bad request gets a 400 rather than an error
+        event after a 200."""
+        return self.input_processor.process(prompt, params, priority)
 
     @property
     def structured_outputs(self) -> StructuredOutputManager:
         """The grammar compiler and cache (made on first use; needs the tokenizer)."""
-        if self._structured_outputs is None:
-            if self.tokenizer is None:
-                raise ValueError(
-                    "structured outputs need the tokenizer; this engine was started with "
-                    "skip_tokenizer_init=True"
-                )
-            eos = [] if self.eos_token_id is None else [self.eos_token_id]
-            self._structured_outputs = StructuredOutputManager(
-                self.vllm_config.structured_outputs_config,
-                self.tokenizer,
-                self.model_config.get_vocab_size(),
-                eos,
-            )
-        return self._structured_outputs
-
-    def grammar_for(self, params: SamplingParams) -> CompiledGrammar | None:
-        """The compiled grammar of a structured-output request (cached: validating a
-        request compiles it, so adding it afterwards is a lookup), or None."""
-        if params.structured_outputs is None:
-            return None
-        cfg = self.vllm_config
-        if cfg.speculative_config is not None:
-            # The verification path samples without the grammar's token mask.
-            raise ValueError(
-                "structured outputs are not supported by minivllm yet together with "
-                "speculative decoding; start the engine without --speculative-config"
-            )
-        if cfg.parallel_config.world_size > 1:
-            raise ValueError(
-                "structured outputs are not supported by minivllm yet with tensor or "
-                "pipeline parallelism; run the engine on one process"
-            )
-        return self.structured_outputs.grammar_for(params.structured_outputs)
+        return self.input_processor.structured_outputs
 
     def add_request(
         self,
         request_id: str | None,
-        prompt: PromptInput,
+        prompt: PromptInput | ValidatedRequest,
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> str:
-        """Queue a request (``n`` children when params.n > 1); returns its id."""
+        """Queue a request (``n`` children when params.n > 1); returns its id.
+
+        ``prompt`` is a raw prompt (validated here, with ``params`` and ``priority``)
+        or a `ValidatedRequest` from `process_inputs` (which carries both)."""
         if request_id is None:
             # Skip ids a caller chose explicitly, so generated ids never collide.
             request_id = str(next(self._ids))
@@ -209,49 +113,39 @@ class LLMEngine:
                 request_id = str(next(self._ids))
         if request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
-        params = (params or SamplingParams()).clone()
-        text, token_ids = self.tokenize_prompt(prompt)
-        self.validate_request(token_ids, params, priority)
-        grammar = self.grammar_for(params)
-        params.update_from_tokenizer(self.eos_token_id)
-        if self.model_eos_token_ids:
-            params.update_from_generation_config(
-                {"eos_token_id": self.model_eos_token_ids}, self.eos_token_id
-            )
+        if isinstance(prompt, ValidatedRequest):
+            assert params is None and priority == 0, "a ValidatedRequest carries its own"
+            validated = prompt
+        else:
+            validated = self.process_inputs(prompt, params, priority)
+        params = validated.params
         child_ids = (
             [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
         )
         taken = [c for c in child_ids if self.output_processor.has_request(c)]
         if taken:
             raise ValueError(f"request id {taken[0]!r} is already in use by another request")
-        parent = ParentRequest(request_id, params.n, text, token_ids, params.output_kind)
-        added: list[str] = []
-        try:
-            for index, child_id in enumerate(child_ids):
-                child_params = params
-                if params.n > 1:
-                    child_params = params.clone()
-                    child_params.n = 1
-                    if params.seed is not None:
-                        child_params.seed = params.seed + index
-                self.output_processor.add_request(parent, child_id, index, child_params)
-                request = Request(
-                    child_id,
-                    token_ids,
-                    child_params,
-                    eos_token_id=self.eos_token_id,
-                    arrival_time=arrival_time,
-                    priority=priority,
-                )
-                request.grammar = grammar
-                self.scheduler.add_request(request)
-                added.append(child_id)
-        except Exception:
-            # The scheduler refused a child (e.g. the prompt exceeds the whole KV cache):
-            # undo the siblings already queued so nothing of the request is left behind.
-            self.scheduler.finish_requests(added, RequestStatus.FINISHED_ABORTED)
-            self.output_processor.remove_request(request_id)
-            raise
+        parent = ParentRequest(
+            request_id, params.n, validated.prompt, validated.prompt_token_ids, params.output_kind
+        )
+        for index, child_id in enumerate(child_ids):
+            child_params = params
+            if params.n > 1:
+                child_params = params.clone()
+                child_params.n = 1
+                if params.seed is not None:
+                    child_params.seed = params.seed + index
+            self.output_processor.add_request(parent, child_id, index, child_params)
+            request = Request(
+                child_id,
+                validated.prompt_token_ids,
+                child_params,
+                eos_token_id=self.eos_token_id,
+                arrival_time=arrival_time,
+                priority=validated.priority,
+            )
+            request.grammar = validated.grammar
+            self.scheduler.add_request(request)
         return request_id
 
     def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
@@ -260,6 +154,12 @@ class LLMEngine:
         child_ids = [c for rid in ids for c in self.output_processor.child_ids_of(rid)]
         self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
         return self.output_processor.abort_requests(child_ids)
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Batches kept in flight: `VllmConfig.max_concurrent_batches` (one per pipeline
+        stage), held by the scheduler's options, which split work by it."""
+        return self.scheduler.options.max_concurrent_batches
 
     # -- running ------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -35,6 +35,7 @@ import traceback
 import types
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,23 @@ class WorkerError(RuntimeError):
     """A worker process died or raised; the executor cannot run any more steps."""
 
 
+@dataclass(frozen=True)
+class CallDone:
+    """A worker's answer to one call: the method's return value."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class CallFailed:
+    """A worker's answer to one call that raised: the formatted traceback."""
+
+    traceback: str
+
+
+WorkerReply = CallDone | CallFailed
+
+
 def free_local_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,7 +92,7 @@ def _worker_main(conn: Connection, parent_pid: int, args: tuple[Any, ...]) -> No
     try:
         worker = RankWorker(*args)
     except BaseException:
-        conn.send(("error", traceback.format_exc()))
+        conn.send(CallFailed(traceback.format_exc()))
         return
     while True:
         data = inbox.get()
@@ -82,14 +100,14 @@ def _worker_main(conn: Connection, parent_pid: int, args: tuple[Any, ...]) -> No
             return
         method, call_args = pickle.loads(data)
         if method == "shutdown":  # leaving the process also leaves its groups
-            conn.send(("ok", None))
+            conn.send(CallDone(None))
             return
+        reply: WorkerReply
         try:
-            result = getattr(worker, method)(*call_args)
+            reply = CallDone(getattr(worker, method)(*call_args))
         except BaseException:
-            conn.send(("error", traceback.format_exc()))
-            continue
-        conn.send(("ok", result))
+            reply = CallFailed(traceback.format_exc())
+        conn.send(reply)
 
 
 def _read_calls(conn: Connection, parent_pid: int, inbox: queue.SimpleQueue[bytes | None]) -> None:
@@ -118,12 +136,17 @@ class PendingCall:
         self._value: Any = None
         self._error: BaseException | None = None
 
-    def _set(self, value: Any = None, error: BaseException | None = None) -> None:
-        self._value, self._error, self.done = value, error, True
+    def set_result(self, values: list[Any]) -> None:
+        """Every rank's answer, by rank (called by the executor once it read them)."""
+        self._value, self.done = values, True
+
+    def set_error(self, error: BaseException) -> None:
+        """The call failed; `result` raises ``error``."""
+        self._error, self.done = error, True
 
     def result(self) -> Any:
         while not self.done:
-            self._executor._gather_oldest()
+            self._executor.gather_oldest()
         if self._error is not None:
             raise self._error
         return self._value if self._pick is None else self._value[self._pick]
@@ -206,7 +229,7 @@ class MultiprocExecutor:
             for conn in self.conns:
                 conn.send_bytes(data)
         except OSError as exc:
-            self._fail(f"a worker's pipe broke while sending {method!r}: {exc}")
+            raise self._fail(f"a worker's pipe broke while sending {method!r}: {exc}") from exc
         call = PendingCall(self, method, pick)
         self._pending.append(call)
         return call
@@ -216,19 +239,21 @@ class MultiprocExecutor:
         """Calls sent whose answers have not been read yet."""
         return len(self._pending)
 
-    def _gather_oldest(self) -> None:
+    def gather_oldest(self) -> None:
+        """Read every rank's answer to the oldest pending call into it (answers come in
+        call order).  On failure that call and every later one get the error."""
         call = self._pending.popleft()
         try:
             if self._failed is not None:
                 raise WorkerError(self._failed)
-            call._set(self._gather(call.method))
+            call.set_result(self._gather(call.method))
         except BaseException as exc:  # result() raises it
-            call._set(error=exc)
+            call.set_error(exc)
             if self._failed is None:  # part of the answers may be unread: the pipes are out of step
                 self._failed = f"reading the answers to {call.method!r} failed: {exc!r}"
             # Nothing later can be answered either.
             while self._pending:
-                self._pending.popleft()._set(error=WorkerError(self._failed))
+                self._pending.popleft().set_error(WorkerError(self._failed))
 
     def _gather(self, method: str) -> list[Any]:
         results: dict[int, Any] = {}
@@ -243,22 +268,28 @@ class MultiprocExecutor:
                     if rank in results or self.conns[rank].poll():
                         continue  # its answer is there; read it first
                     code = self.procs[rank].exitcode
-                    self._fail(f"worker rank {rank} died (exit code {code}) during {method!r}")
+                    raise self._fail(
+                        f"worker rank {rank} died (exit code {code}) during {method!r}"
+                    )
                 rank = by_conn[id(obj)]
                 try:
-                    status, value = obj.recv()
-                except (EOFError, OSError):
+                    reply: WorkerReply = obj.recv()
+                except (EOFError, OSError) as exc:
                     code = self.procs[rank].exitcode
-                    self._fail(f"worker rank {rank} died (exit code {code}) during {method!r}")
-                if status == "error":
-                    self._fail(f"worker rank {rank} raised during {method!r}:\n{value}")
-                results[rank] = value
+                    why = f"worker rank {rank} died (exit code {code}) during {method!r}"
+                    raise self._fail(why) from exc
+                if isinstance(reply, CallFailed):
+                    raise self._fail(
+                        f"worker rank {rank} raised during {method!r}:\n{reply.traceback}"
+                    )
+                results[rank] = reply.value
         return [results[r] for r in range(self.world_size)]
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str) -> WorkerError:
+        """Mark the executor dead; the error for the caller to raise."""
         self._failed = why
         logger.error("%s; the engine cannot continue", why)
-        raise WorkerError(why)
+        return WorkerError(why)
 
     def execute_model(
         self, scheduler_output: SchedulerOutput, non_block: bool = False

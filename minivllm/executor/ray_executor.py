@@ -94,7 +94,7 @@ class RayExecutor:
             for rank in range(self.world_size)
         ]
         try:
-            ip, port = self._call([self.workers[0].node_ip_and_free_port.remote()], "address")[0]
+            ip, port = self.wait_for([self.workers[0].node_ip_and_free_port.remote()], "address")[0]
             self.num_blocks, self.kv_group_windows = set_up_ranks(
                 vllm_config, self.collective_rpc, f"tcp://{ip}:{port}"
             )
@@ -105,7 +105,7 @@ class RayExecutor:
 
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
         """Call ``method`` on every actor (arguments put in the object store once)."""
-        return self._call(self._submit(method, args), method)
+        return self.wait_for(self._submit(method, args), method)
 
     def _submit(self, method: str, args: tuple[Any, ...]) -> list[Any]:
         """Start ``method`` on every actor (arguments put in the object store once)."""
@@ -114,7 +114,11 @@ class RayExecutor:
         refs = [self._ray.put(a) for a in args]
         return [getattr(w, method).remote(*refs) for w in self.workers]
 
-    def _call(self, refs: list[Any], method: str) -> list[Any]:
+    def wait_for(self, refs: list[Any], method: str) -> list[Any]:
+        """Every actor's answer to ``method`` (submitted as ``refs``), by rank; a failed
+        or dead actor marks the executor dead and raises `WorkerError`."""
+        if self._failed is not None:
+            raise WorkerError(self._failed)
         ray = self._ray
         pending = list(refs)
         while pending:
@@ -170,9 +174,7 @@ class RayPendingStep:
 
     def result(self) -> ModelRunnerOutput:
         executor = self._executor
-        if executor._failed is not None:
-            raise WorkerError(executor._failed)
-        out = executor._call(self._refs, "execute")[executor.output_rank]
+        out = executor.wait_for(self._refs, "execute")[executor.output_rank]
         assert out is not None
         return out
 

@@ -1,6 +1,7 @@
 """Paged KV cache bookkeeping with prefix caching (torch-free)."""
 
 from minivllm.kv_cache.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock, PrefixCacheStats
+from minivllm.kv_cache.blocks import KVCacheBlocks
 from minivllm.kv_cache.hashing import (
     ROOT_PARENT_HASH,
     BlockHash,
@@ -18,6 +19,7 @@ __all__ = [
     "FreeBlockQueue",
     "HashableRequest",
     "KVCacheBlock",
+    "KVCacheBlocks",
     "KVCacheManager",
     "KVCacheRequest",
     "PrefixCacheStats",

@@ -14,8 +14,8 @@ The scheduler drives it in this order for each request:
 4. ``free(request)`` when it finishes, is aborted or is preempted.
 
 With several KV cache groups (sliding-window models, see `groups`), each request
-has one block table per group, all of equal length; block ids cross this
-interface as flat lists, group after group.  Before each allocation a
+has one block table per group, all of equal length; blocks cross this
+interface as `KVCacheBlocks` (one list per group).  Before each allocation a
 sliding-window group hands back the blocks no future query can see, putting the
 null block in their place.
 """
@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from minivllm.kv_cache.block_pool import BlockPool, KVCacheBlock, PrefixCacheStats
+from minivllm.kv_cache.blocks import KVCacheBlocks
 from minivllm.kv_cache.groups import sliding_window_blocks_held
 from minivllm.kv_cache.hashing import BlockHash, HashableRequest, get_hash_fn, make_block_hasher
 from minivllm.math_utils import cdiv
@@ -141,10 +142,16 @@ class KVCacheManager:
         chunk = self.max_num_batched_tokens or window
         return sliding_window_blocks_held(window, chunk, self.block_size)
 
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks, per group (empty for an unknown request)."""
+        tables = self.req_to_blocks.get(request_id)
+        if tables is None:
+            return KVCacheBlocks.empty(self.num_groups)
+        return KVCacheBlocks.from_groups(tables)
+
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block ids, group after group (each part of equal length)."""
-        tables = self.req_to_blocks.get(request_id, ())
-        return [b.block_id for table in tables for b in table]
+        """The request's block ids, group after group (the worker's wire format)."""
+        return self.get_blocks(request_id).flat_block_ids()
 
     def get_num_held_blocks(self, request_id: str | None = None) -> int:
         """Blocks (not the null block) held by one request, or by all of them."""
@@ -167,15 +174,16 @@ class KVCacheManager:
             request.block_hashes.extend(self.block_hasher(request))
         return request.block_hashes
 
-    def get_computed_blocks(self, request: KVCacheRequest) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: KVCacheRequest) -> tuple[KVCacheBlocks, int]:
         """Longest cached prefix of ``request``: (blocks, number of tokens they cover).
 
         Looks at most at ``num_tokens - 1`` tokens, so at least the last token is
         computed; with whole-block granularity that may recompute a full block.
         Requests that ask for prompt logprobs skip the cache: their prompt must run.
         """
+        none = KVCacheBlocks.empty(self.num_groups)
         if not self.enable_caching or request.sampling_params.prompt_logprobs:
-            return [], 0
+            return none, 0
         hashes = self.update_block_hashes(request)
         max_hit = min((request.num_tokens - 1) // self.block_size, len(hashes))
         pool = self.block_pool
@@ -199,16 +207,15 @@ class KVCacheManager:
         ):
             num_hit -= 1
         if num_hit == 0:
-            return [], 0
+            return none, 0
         null = pool.null_block
-        blocks: list[KVCacheBlock] = []
+        groups: list[list[KVCacheBlock]] = []
         for g in range(self.num_groups):
             first = self._first_needed(g, num_hit * self.block_size)
             if first:
                 assert null is not None
-                blocks += [null] * first
-            blocks += [b for b in cached[g][first:num_hit] if b is not None]
-        return blocks, num_hit * self.block_size
+            groups.append([null] * first + [b for b in cached[g][first:num_hit] if b is not None])
+        return KVCacheBlocks.from_groups(groups), num_hit * self.block_size
 
     def _first_needed(self, group: int, num_computed_tokens: int) -> int:
         """First block position a group still needs once ``num_computed_tokens`` tokens
@@ -247,7 +254,7 @@ class KVCacheManager:
         self,
         request: KVCacheRequest,
         num_new_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock] = (),
+        new_computed_blocks: KVCacheBlocks | None = None,
         num_lookahead_tokens: int = 0,
     ) -> bool:
         """Whether `allocate_slots` with the same arguments would succeed.
@@ -256,41 +263,42 @@ class KVCacheManager:
         reserving a whole prompt) counts each sliding group at the most it ever holds
         at once, since the prompt will be computed in chunks of at most
         ``max_num_batched_tokens``."""
-        return self._fits(
-            request, num_new_tokens, new_computed_blocks, num_lookahead_tokens, capped=True
-        )
+        hits = new_computed_blocks or KVCacheBlocks.empty(self.num_groups)
+        return self._fits(request, num_new_tokens, hits, num_lookahead_tokens, capped=True)
 
     def _fits(
         self,
         request: KVCacheRequest,
         num_new_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock],
+        new_computed_blocks: KVCacheBlocks,
         num_lookahead_tokens: int,
         capped: bool,
     ) -> bool:
         self.free_skipped_blocks(request)
-        need = self._num_new_blocks_needed(
+        per_group = self._num_new_blocks_needed(
             request, num_new_tokens, new_computed_blocks, num_lookahead_tokens
         )
+        need = per_group * self.num_groups
         if capped and need and self.max_num_batched_tokens is not None:
-            need = self._cap_sliding_need(request, need // self.num_groups, new_computed_blocks)
+            need = self._cap_sliding_need(request, per_group, new_computed_blocks)
         # Hit blocks sitting in the free queue stop being free once taken.
-        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        num_evictable_hits = sum(
+            1 for b in new_computed_blocks.all_blocks() if b.ref_cnt == 0 and not b.is_null
+        )
         return need <= self.num_free_blocks - num_evictable_hits
 
     def _cap_sliding_need(
-        self, request: KVCacheRequest, per_group: int, hits: Sequence[KVCacheBlock]
+        self, request: KVCacheRequest, per_group: int, hits: KVCacheBlocks
     ) -> int:
         """Blocks a request needs when each sliding group holds at most its window plus
         one step's tokens (whole-context groups need ``per_group`` each)."""
         tables = self.req_to_blocks.get(request.request_id)
-        num_hit = len(hits) // self.num_groups
         total = 0
         for g, window in enumerate(self.group_windows):
             if window is None:
                 total += per_group
                 continue
-            held = (list(tables[g]) if tables else []) + list(hits[g * num_hit : (g + 1) * num_hit])
+            held = (list(tables[g]) if tables else []) + list(hits.group(g))
             num_held = sum(1 for b in held if not b.is_null)
             total += min(per_group, max(self._sliding_held(window) - num_held, 0))
         return total
@@ -299,19 +307,20 @@ class KVCacheManager:
         self,
         request: KVCacheRequest,
         num_new_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock] | None = None,
+        new_computed_blocks: KVCacheBlocks | None = None,
         num_lookahead_tokens: int = 0,
-    ) -> list[int] | None:
+    ) -> KVCacheBlocks | None:
         """Reserve KV slots for ``num_new_tokens`` more tokens of ``request``.
 
         ``new_computed_blocks`` (from `get_computed_blocks`, only at admission)
-        are prepended to the request's block table.  Returns the ids of blocks
-        newly taken from the free queue (hit blocks excluded: the caller already
-        knows them), or None, with nothing changed, when there are not enough.
+        are prepended to the request's block tables.  Returns the blocks newly
+        taken from the free queue (hit blocks excluded: the caller already knows
+        them), or None, with nothing changed, when there are not enough.
         """
         if num_new_tokens <= 0 and not new_computed_blocks:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}.")
-        hits = list(new_computed_blocks or ())
+        hits = new_computed_blocks or KVCacheBlocks.empty(self.num_groups)
+        assert hits.num_groups == self.num_groups, "hits from another manager"
         if not self._fits(request, num_new_tokens, hits, num_lookahead_tokens, capped=False):
             return None
         num_new_blocks = self._num_new_blocks_needed(
@@ -320,12 +329,12 @@ class KVCacheManager:
         tables = self.req_to_blocks.setdefault(
             request.request_id, [[] for _ in range(self.num_groups)]
         )
-        num_hit = len(hits) // self.num_groups
+        num_hit = hits.num_blocks
         if hits:
             assert not tables[0], "prefix hits are only taken when a request is admitted"
-            self.block_pool.touch(b for b in hits if not b.is_null)
+            self.block_pool.touch(b for b in hits.all_blocks() if not b.is_null)
             for g, table in enumerate(tables):
-                table.extend(hits[g * num_hit : (g + 1) * num_hit])
+                table.extend(hits.group(g))
             # Hit blocks are cached already; start publishing after them.
             self.num_cached_blocks[request.request_id] = num_hit
         if request.num_computed_tokens == 0 and self.enable_caching:
@@ -333,13 +342,12 @@ class KVCacheManager:
             stats.requests += 1
             stats.queries += request.num_tokens
             stats.hits += num_hit * self.block_size
-        per_group = max(num_new_blocks, 0) // self.num_groups
-        new_ids: list[int] = []
+        new_groups = []
         for table in tables:
-            new_blocks = self.block_pool.get_new_blocks(per_group)
+            new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
             table.extend(new_blocks)
-            new_ids += [b.block_id for b in new_blocks]
-        return new_ids
+            new_groups.append(new_blocks)
+        return KVCacheBlocks.from_groups(new_groups)
 
     def free_skipped_blocks(self, request: KVCacheRequest) -> None:
         """Return the blocks of sliding-window groups that no query of ``request`` will
@@ -367,10 +375,11 @@ class KVCacheManager:
         self,
         request: KVCacheRequest,
         num_new_tokens: int,
-        new_computed_blocks: Sequence[KVCacheBlock],
+        new_computed_blocks: KVCacheBlocks,
         num_lookahead_tokens: int,
     ) -> int:
-        num_hit = len(new_computed_blocks) // self.num_groups
+        """New blocks each group's table needs (the same for every group)."""
+        num_hit = new_computed_blocks.num_blocks
         num_computed = request.num_computed_tokens + num_hit * self.block_size
         num_tokens = num_computed + num_new_tokens + num_lookahead_tokens
         if self.max_model_len is not None:
@@ -378,7 +387,7 @@ class KVCacheManager:
             num_tokens = min(num_tokens, max(self.max_model_len, num_computed + num_new_tokens))
         tables = self.req_to_blocks.get(request.request_id)
         held = (len(tables[0]) if tables else 0) + num_hit
-        return max(cdiv(num_tokens, self.block_size) - held, 0) * self.num_groups
+        return max(cdiv(num_tokens, self.block_size) - held, 0)
 
     def free(self, request: KVCacheRequest) -> None:
         """Release every block of ``request`` at once.

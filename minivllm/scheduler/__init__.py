@@ -1,5 +1,6 @@
 """Request scheduling: continuous batching, chunked prefill, preemption (torch-free)."""
 
+from minivllm.scheduler.options import SchedulerOptions
 from minivllm.scheduler.output import (
     CachedRequestData,
     EngineCoreOutput,
@@ -18,5 +19,6 @@ __all__ = [
     "Request",
     "RequestStatus",
     "Scheduler",
+    "SchedulerOptions",
     "SchedulerOutput",
 ]

@@ -68,6 +68,13 @@ class SpeculativeFields(Protocol):
     def disable_by_batch_size(self) -> int | None: ...
 
 
+class ParallelFields(Protocol):
+    """Fields of `ParallelConfig`."""
+
+    @property
+    def pipeline_parallel_size(self) -> int: ...
+
+
 class SchedulingConfig(Protocol):
     """What `Scheduler.from_config` reads from a `VllmConfig`."""
 
@@ -79,6 +86,9 @@ class SchedulingConfig(Protocol):
 
     @property
     def num_lookahead_tokens(self) -> int: ...
+
+    @property
+    def parallel_config(self) -> ParallelFields: ...
 
     @property
     def scheduler_config(self) -> SchedulerFields: ...

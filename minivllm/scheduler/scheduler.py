@@ -25,10 +25,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from minivllm.kv_cache.blocks import KVCacheBlocks
 from minivllm.kv_cache.manager import KVCacheManager
 from minivllm.logger import init_logger
 from minivllm.math_utils import cdiv
 from minivllm.scheduler.config_view import SchedulingConfig
+from minivllm.scheduler.options import SchedulerOptions
 from minivllm.scheduler.output import (
     CachedRequestData,
     EngineCoreOutput,
@@ -37,8 +39,9 @@ from minivllm.scheduler.output import (
     SchedulerOutput,
 )
 from minivllm.scheduler.request import Request, RequestStatus, check_stop
-from minivllm.scheduler.request_queue import SCHEDULING_POLICIES, make_request_queue
+from minivllm.scheduler.request_queue import make_request_queue
 from minivllm.scheduler.spec_decode import SpecDecodeState
+from minivllm.scheduler.step import StepPlan
 from minivllm.stats import SchedulerStats
 
 logger = init_logger(__name__)
@@ -47,87 +50,37 @@ logger = init_logger(__name__)
 class Scheduler:
     """Decides each step's batch and applies the model's results to the requests."""
 
-    def __init__(
-        self,
-        kv_cache_manager: KVCacheManager,
-        *,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_model_len: int,
-        enable_chunked_prefill: bool = True,
-        policy: str = "fcfs",
-        long_prefill_token_threshold: int = 0,
-        num_lookahead_tokens: int = 0,
-        max_num_partial_prefills: int = 1,
-        max_long_partial_prefills: int = 1,
-        reserve_full_isl: bool = True,
-        num_speculative_tokens: int = 0,
-        spec_disable_batch_size: int | None = None,
-        max_concurrent_batches: int = 1,
-        send_sampled_tokens: bool = False,
-    ) -> None:
-        for name, value in (
-            ("max_num_seqs", max_num_seqs),
-            ("max_num_batched_tokens", max_num_batched_tokens),
-            ("max_model_len", max_model_len),
-            ("max_num_partial_prefills", max_num_partial_prefills),
-            ("max_long_partial_prefills", max_long_partial_prefills),
-            ("max_concurrent_batches", max_concurrent_batches),
-        ):
-            if value is None or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        if long_prefill_token_threshold < 0:
-            raise ValueError(
-                "long_prefill_token_threshold must be >= 0 (0 disables it), "
-                f"got {long_prefill_token_threshold}."
-            )
-        if policy not in SCHEDULING_POLICIES:
-            raise ValueError(
-                f"Unknown scheduling policy {policy!r}; choose one of "
-                f"{', '.join(SCHEDULING_POLICIES)}."
-            )
+    def __init__(self, kv_cache_manager: KVCacheManager, options: SchedulerOptions) -> None:
         self.kv_cache_manager = kv_cache_manager
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = max_model_len
-        self.enable_chunked_prefill = enable_chunked_prefill
-        self.policy = policy
-        # Capping prefill chunks only makes sense when prompts may be split.
-        self.long_prefill_token_threshold = (
-            long_prefill_token_threshold if enable_chunked_prefill else 0
-        )
-        self.num_lookahead_tokens = num_lookahead_tokens
-        self.max_num_partial_prefills = max_num_partial_prefills
-        self.max_long_partial_prefills = max_long_partial_prefills
-        # Admit a request only if blocks for its whole remaining prompt are free now, so a
-        # chunked prefill is unlikely to stall (and force preemptions) halfway through.
-        self.reserve_full_isl = reserve_full_isl
-        self.max_concurrent_batches = max_concurrent_batches
-        """Batches the engine keeps in flight (the pipeline's stages); each batch takes at
-        most its share of the active requests when this is above 1."""
-        self.send_sampled_tokens = send_sampled_tokens
-        """Fill `CachedRequestData.new_token_ids` (more than one rank: the ranks that do
-        not sample learn the tokens from there)."""
-        # Batches scheduled but not yet updated: id of the SchedulerOutput -> (it, requests).
-        self._in_flight: dict[int, tuple[SchedulerOutput, list[Request]]] = {}
+        self.options = options
+        """Limits and policies (validated when the options were made)."""
+        self._init_request_state()
+        self.spec = self._make_spec_decode_state()
+        """Speculative decoding: draft limits, rollback, acceptance counts (None: off)."""
 
+    def _init_request_state(self) -> None:
         self.requests: dict[str, Request] = {}
-        self.waiting = make_request_queue(policy)
+        self.waiting = make_request_queue(self.options.policy)
         self.running: list[Request] = []
         # Ids the worker must forget at the next step (finished, aborted, preempted).
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        # Requests the scheduler finished itself while scheduling, reported after the step.
         self._pending_outputs: list[EngineCoreOutput] = []
-        # Speculative decoding: draft limits, rollback, acceptance counts (None: off).
-        self.spec: SpecDecodeState | None = None
-        if num_speculative_tokens:
-            self.spec = SpecDecodeState(
-                kv_cache_manager,
-                num_speculative_tokens=num_speculative_tokens,
-                num_lookahead_tokens=num_lookahead_tokens,
-                disable_batch_size=spec_disable_batch_size,
-                max_model_len=max_model_len,
-            )
+        # Batches scheduled but not yet updated: id of the SchedulerOutput -> (it, requests).
+        self._in_flight: dict[int, tuple[SchedulerOutput, list[Request]]] = {}
+
+    def _make_spec_decode_state(self) -> SpecDecodeState | None:
+        opts = self.options
+        if not opts.num_speculative_tokens:
+            return None
+        return SpecDecodeState(
+            self.kv_cache_manager,
+            num_speculative_tokens=opts.num_speculative_tokens,
+            num_lookahead_tokens=opts.num_lookahead_tokens,
+            disable_batch_size=opts.spec_disable_batch_size,
+            max_model_len=opts.max_model_len,
+        )
 
     @classmethod
     def from_config(
@@ -136,64 +89,39 @@ class Scheduler:
         num_blocks: int,
         kv_group_windows: Sequence[int | None] = (None,),
         *,
-        max_concurrent_batches: int = 1,
         send_sampled_tokens: bool = False,
     ) -> Scheduler:
         """Build the scheduler and its KV cache manager from a resolved `VllmConfig`;
         ``kv_group_windows``: the sliding window of each KV cache group (the worker's
-        `KVCacheGroups.windows`; one full-attention group by default); the last two
-        as in `Scheduler` (the engine knows its executor's ranks)."""
-        sched = vllm_config.scheduler_config
+        `KVCacheGroups.windows`; one full-attention group by default);
+        ``send_sampled_tokens``: see `SchedulerOptions` (the engine knows its ranks)."""
+        options = SchedulerOptions.from_config(vllm_config, send_sampled_tokens=send_sampled_tokens)
         cache = vllm_config.cache_config
-        if vllm_config.model_config is None:
-            raise ValueError("The VllmConfig has no model_config; the scheduler needs a model.")
-        max_model_len = vllm_config.model_config.max_model_len
         if cache.block_size is None:
             raise ValueError("cache_config.block_size is unset; resolve the VllmConfig first.")
-        # Filled by SchedulerConfig.__post_init__ and ModelConfig.__post_init__.
-        assert sched.max_num_seqs is not None and sched.max_num_batched_tokens is not None
-        assert max_model_len is not None
         manager = KVCacheManager(
             num_blocks=num_blocks,
             block_size=cache.block_size,
             enable_caching=cache.enable_prefix_caching,
             hash_algo=cache.prefix_caching_hash_algo,
-            max_model_len=max_model_len,
+            max_model_len=options.max_model_len,
             group_windows=kv_group_windows,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
+            max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
         )
-        # Speculative decoding may reserve part of the batch: the scheduler hands out
-        # max_num_scheduled_tokens when the config sets it (None: the whole budget).
-        budget = sched.max_num_scheduled_tokens or sched.max_num_batched_tokens
-        # Configs without the speculative fields (older stand-ins) mean no speculation.
-        spec = getattr(vllm_config, "speculative_config", None)
-        return cls(
-            manager,
-            max_num_seqs=sched.max_num_seqs,
-            max_num_batched_tokens=budget,
-            max_model_len=max_model_len,
-            enable_chunked_prefill=sched.enable_chunked_prefill,
-            policy=sched.policy,
-            long_prefill_token_threshold=sched.long_prefill_token_threshold,
-            max_num_partial_prefills=sched.max_num_partial_prefills,
-            max_long_partial_prefills=sched.max_long_partial_prefills,
-            reserve_full_isl=sched.scheduler_reserve_full_isl,
-            num_lookahead_tokens=vllm_config.num_lookahead_tokens if spec else 0,
-            num_speculative_tokens=vllm_config.num_speculative_tokens if spec else 0,
-            spec_disable_batch_size=spec.disable_by_batch_size if spec else None,
-            max_concurrent_batches=max_concurrent_batches,
-            send_sampled_tokens=send_sampled_tokens,
-        )
+        return cls(manager, options)
 
     # -- requests in and out ------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queue a request; ValueError if it can never be scheduled as given."""
+        """Queue a request the engine validated (`check_request` and the engine's own
+        rules); an invalid one here is a bug, so it only asserts."""
         rid = request.request_id
-        if rid in self.requests:
-            raise ValueError(f"Request id {rid!r} is already in use; request ids must be unique.")
-        self.check_request(request.num_prompt_tokens, request.priority)
+        assert rid not in self.requests, f"request id {rid!r} is already in use"
+        assert request.num_prompt_tokens < self.options.max_model_len, "prompt not validated"
+        assert request.num_prompt_tokens <= self.kv_cache_manager.max_num_tokens, (
+            "prompt not validated"
+        )
         if request.max_tokens is None:
-            request.max_tokens = self.max_model_len - request.num_prompt_tokens
+            request.max_tokens = self.options.max_model_len - request.num_prompt_tokens
         if request.block_hasher is None and self.kv_cache_manager.enable_caching:
             request.block_hasher = self.kv_cache_manager.block_hasher
             request.update_block_hashes()
@@ -201,30 +129,33 @@ class Scheduler:
         self.requests[rid] = request
         self.waiting.add(request)
 
-    def check_request(self, num_prompt_tokens: int, priority: int = 0) -> None:
-        """ValueError for a request this scheduler could never run (pure: the API thread
-        calls it too, so that such a request is refused before its stream starts)."""
-        if num_prompt_tokens > self.max_model_len:
-            raise ValueError(
-                f"The prompt ({num_prompt_tokens} tokens) is longer than the maximum "
-                f"model length ({self.max_model_len}); shorten it or raise max_model_len."
-            )
-        if not self.enable_chunked_prefill and num_prompt_tokens > self.max_num_batched_tokens:
+    def check_request(self, num_prompt_tokens: int, priority: int = 0, n: int = 1) -> None:
+        """ValueError for a request this scheduler could never run: the scheduling half
+        of the engine's request validation (pure and thread-safe).  ``n``: completions
+        of the prompt, each holding its own KV blocks."""
+        opts = self.options
+        if not opts.enable_chunked_prefill and num_prompt_tokens > opts.max_num_batched_tokens:
             raise ValueError(
                 f"The prompt ({num_prompt_tokens} tokens) exceeds "
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) and chunked prefill "
+                f"max_num_batched_tokens ({opts.max_num_batched_tokens}) and chunked prefill "
                 "is disabled; enable chunked prefill or raise max_num_batched_tokens."
             )
-        kv_capacity = self.kv_cache_manager.max_num_tokens
-        if num_prompt_tokens > kv_capacity:
+        capacity = self.kv_cache_manager.max_num_tokens
+        if n == 1 and num_prompt_tokens > capacity:
             raise ValueError(
                 f"The prompt ({num_prompt_tokens} tokens) does not fit in the whole KV "
-                f"cache ({kv_capacity} tokens); shorten it or give the KV cache more memory."
+                f"cache ({capacity} tokens); shorten it or give the KV cache more memory."
             )
-        if priority != 0 and self.policy != "priority":
+        if n * num_prompt_tokens > capacity:
+            raise ValueError(
+                f"n={n} completions of a {num_prompt_tokens}-token prompt need "
+                f"{n * num_prompt_tokens} tokens of KV cache, but the whole cache holds "
+                f"{capacity} tokens; lower n or shorten the prompt"
+            )
+        if priority != 0 and opts.policy != "priority":
             raise ValueError(
                 f"priority {priority} needs the 'priority' scheduling policy, but the policy "
-                f"is {self.policy!r}; use policy 'priority' or leave priority at 0."
+                f"is {opts.policy!r}; use policy 'priority' or leave priority at 0."
             )
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
@@ -258,167 +189,180 @@ class Scheduler:
     # -- one step -------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Choose this step's tokens, allocating (and if needed preempting) KV blocks."""
-        budget = self.max_num_batched_tokens
-        num_scheduled: dict[str, int] = {}
-        new_block_ids: dict[str, list[int]] = {}
-        scheduled_running: list[Request] = []
-        scheduled_new: list[Request] = []
-        preempted_any = False
-        spec_tokens: dict[str, list[int]] = {}
-        spec = self.spec
-        use_spec = spec is not None and spec.speculating(len(self.running) + len(self.waiting))
-        # Several batches in flight: each takes its share, so that every stage has work.
-        max_reqs = self.max_num_seqs
-        if self.max_concurrent_batches > 1:
-            active = len(self.running) + len(self.waiting)
-            max_reqs = max(1, cdiv(active, self.max_concurrent_batches))
-
-        idx = 0
-        while idx < len(self.running) and budget > 0 and len(num_scheduled) < max_reqs:
-            request = self.running[idx]
-            num_new = self._cap_chunk(request.num_tokens - request.num_computed_tokens, budget)
-            drafts = spec.drafts_to_verify(request, budget) if spec and use_spec else []
-            request.spec_token_ids = []
-            if drafts and num_new == 1:
-                spec_tokens[request.request_id] = drafts
-                num_new += len(drafts)
-            if num_new <= 0:
-                idx += 1
-                continue
-            block_ids = self.kv_cache_manager.allocate_slots(
-                request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
-            )
-            if block_ids is None and request.request_id in spec_tokens:
-                # Drafts are optional: without them the request may still fit.
-                num_new -= len(spec_tokens.pop(request.request_id))
-                block_ids = self.kv_cache_manager.allocate_slots(
-                    request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
-                )
-            while block_ids is None:
-                victim = self._pick_victim()
-                if victim is request and len(self.running) == 1:
-                    # Alone and still short: its context outgrew the whole KV cache.
-                    self._finish_out_of_kv_cache(request)
-                    break
-                victim_idx = self.running.index(victim)
-                del self.running[victim_idx]
-                if victim_idx < idx:
-                    idx -= 1
-                if victim.request_id in num_scheduled:
-                    # Undo its place in this step before freeing its blocks.
-                    scheduled_running.remove(victim)
-                    budget += num_scheduled.pop(victim.request_id)
-                    new_block_ids.pop(victim.request_id)
-                    spec_tokens.pop(victim.request_id, None)
-                self._preempt(victim)
-                preempted_any = True
-                if victim is request:
-                    break
-                block_ids = self.kv_cache_manager.allocate_slots(
-                    request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
-                )
-            if block_ids is None:
-                spec_tokens.pop(request.request_id, None)
-                continue  # it left self.running; self.running[idx] is now the next request
-            scheduled_running.append(request)
-            num_scheduled[request.request_id] = num_new
-            new_block_ids[request.request_id] = block_ids
-            budget -= num_new
-            idx += 1
-
-        # Prefills that stay unfinished after this step, to cap how many run side by side.
-        num_partial = num_long_partial = 0
-        for request in scheduled_running:
-            if request.num_computed_tokens + num_scheduled[request.request_id] < request.num_tokens:
-                num_partial += 1
-                num_long_partial += int(0 < self.long_prefill_token_threshold < request.num_tokens)
-
+        step = self._plan_step()
+        self._schedule_running(step)
         # A preemption means the cache is full: admitting new work would only thrash.
-        while (
-            not preempted_any
-            and len(self.waiting) > 0
-            and budget > 0
-            and len(self.running) < self.max_num_seqs
-            and len(num_scheduled) < max_reqs
-        ):
-            request = self.waiting.peek()
-            if request.num_in_flight_batches:
-                break  # preempted while a batch of it ran: resume once that batch is back
-            hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit_tokens
-            if 0 < self.long_prefill_token_threshold < num_new:
-                num_new = self.long_prefill_token_threshold
-            if num_new > budget:
-                # Without chunking a prompt runs whole, so it waits for a roomier step;
-                # only a recomputed context longer than any step (prompt + outputs after
-                # a preemption) is split anyway, or it could never run again.
-                if not self.enable_chunked_prefill and num_new <= self.max_num_batched_tokens:
-                    break
-                num_new = budget
-            is_partial = num_hit_tokens + num_new < request.num_tokens
-            is_long = is_partial and 0 < self.long_prefill_token_threshold < request.num_tokens
-            if is_partial and (
-                num_partial >= self.max_num_partial_prefills
-                or (is_long and num_long_partial >= self.max_long_partial_prefills)
-            ):
-                break
-            block_ids = None
-            if not self.reserve_full_isl or self.kv_cache_manager.can_allocate(
-                request, request.num_tokens - num_hit_tokens, hit_blocks
-            ):
-                block_ids = self.kv_cache_manager.allocate_slots(
-                    request, num_new, hit_blocks, num_lookahead_tokens=self.num_lookahead_tokens
-                )
-            if block_ids is None:
-                if self.running:
-                    break  # blocks come back as running requests finish
-                # Every block is free and it still does not fit: it never will.
-                self.waiting.pop()
-                self.running.append(request)
-                self._finish_out_of_kv_cache(request)
-                continue
-            self.waiting.pop()
-            self.running.append(request)
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit_tokens
-            if request.num_cached_tokens is None:
-                request.num_cached_tokens = num_hit_tokens
-            scheduled_new.append(request)
-            num_scheduled[request.request_id] = num_new
-            budget -= num_new
-            num_partial += int(is_partial)
-            num_long_partial += int(is_long)
-
-        output = SchedulerOutput(
-            scheduled_new_reqs=[self._new_request_data(r) for r in scheduled_new],
-            scheduled_cached_reqs=CachedRequestData(
-                req_ids=[r.request_id for r in scheduled_running],
-                new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
-                num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
-                num_kept_blocks=[
-                    spec.kept_blocks.pop(r.request_id, None) if spec else None
-                    for r in scheduled_running
-                ],
-                new_token_ids=[self._unsent_tokens(r) for r in scheduled_running]
-                if self.send_sampled_tokens
-                else [],
-            ),
-            num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=sum(num_scheduled.values()),
-            finished_req_ids=self.finished_req_ids,
-            scheduled_spec_decode_tokens=spec_tokens,
-            num_spec_tokens_to_propose=spec.num_speculative_tokens if spec and use_spec else 0,
-        )
+        if not step.preempted_any:
+            self._schedule_waiting(step)
+        if __debug__:  # asserts only: skipped whole under python -O
+            step.check_invariants(self.running, self.options.max_num_seqs)
+        output = self._make_output_of(step)
         self.finished_req_ids = set()
         # Scheduled tokens count as computed from now on, so the next schedule() (which may
         # run before this step's results arrive in a pipelined engine) does not repeat them.
-        scheduled = [*scheduled_running, *scheduled_new]
+        scheduled = step.scheduled
         for request in scheduled:
-            request.num_computed_tokens += num_scheduled[request.request_id]
+            request.num_computed_tokens += step.num_scheduled[request.request_id]
             request.num_in_flight_batches += 1
         if scheduled:
             self._in_flight[id(output)] = (output, scheduled)
         return output
+
+    def _plan_step(self) -> StepPlan:
+        opts = self.options
+        active = len(self.running) + len(self.waiting)
+        # Several batches in flight: each takes its share, so that every stage has work.
+        max_reqs = opts.max_num_seqs
+        if opts.max_concurrent_batches > 1:
+            max_reqs = max(1, cdiv(active, opts.max_concurrent_batches))
+        use_spec = self.spec is not None and self.spec.speculating(active)
+        return StepPlan(opts.max_num_batched_tokens, max_reqs, use_spec)
+
+    def _schedule_running(self, step: StepPlan) -> None:
+        """Decodes and the rest of chunked prefills, oldest first, preempting as needed."""
+        idx = 0
+        while idx < len(self.running) and step.has_room():
+            request = self.running[idx]
+            num_new = self._running_tokens(request, step)
+            if num_new <= 0:
+                idx += 1
+                continue
+            blocks = self._allocate(request, num_new)
+            if blocks is None and request.request_id in step.spec_tokens:
+                # Drafts are optional: without them the request may still fit.
+                num_new -= len(step.spec_tokens.pop(request.request_id))
+                blocks = self._allocate(request, num_new)
+            if blocks is None:
+                blocks, idx = self._preempt_until_allocated(request, num_new, idx, step)
+            if blocks is None:
+                continue  # it left self.running; self.running[idx] is now the next request
+            step.add_running(request, num_new, blocks)
+            idx += 1
+
+    def _running_tokens(self, request: Request, step: StepPlan) -> int:
+        """Tokens to compute for a running request: its remaining work, capped, plus the
+        drafts to verify when it decodes (recorded in ``step.spec_tokens``)."""
+        remaining = request.num_tokens - request.num_computed_tokens
+        num_new = min(self._cap_long_prefill(remaining), step.budget)
+        spec = self.spec
+        drafts = spec.drafts_to_verify(request, step.budget) if spec and step.use_spec else []
+        request.spec_token_ids = []
+        if drafts and num_new == 1:
+            step.spec_tokens[request.request_id] = drafts
+            num_new += len(drafts)
+        return num_new
+
+    def _preempt_until_allocated(
+        self, request: Request, num_new: int, idx: int, step: StepPlan
+    ) -> tuple[KVCacheBlocks | None, int]:
+        """Preempt victims until ``request``'s slots fit.  Returns its new blocks (None
+        when it left the running list itself) and its index in the list after the
+        victims before it left."""
+        blocks = None
+        while blocks is None:
+            victim = self._pick_victim()
+            if victim is request and len(self.running) == 1:
+                # Alone and still short: its context outgrew the whole KV cache.
+                self._finish_out_of_kv_cache(request)
+                step.spec_tokens.pop(request.request_id, None)
+                return None, idx
+            victim_idx = self.running.index(victim)
+            del self.running[victim_idx]
+            if victim_idx < idx:
+                idx -= 1
+            # Undo its place in this step before freeing its blocks.
+            step.remove_running(victim)
+            self._preempt(victim)
+            step.preempted_any = True
+            if victim is request:
+                return None, idx
+            blocks = self._allocate(request, num_new)
+        return blocks, idx
+
+    def _schedule_waiting(self, step: StepPlan) -> None:
+        """Admit waiting requests in policy order while the step has room."""
+        step.count_partial_prefills(self.options.long_prefill_token_threshold)
+        while (
+            len(self.waiting) > 0
+            and step.has_room()
+            and len(self.running) < self.options.max_num_seqs
+        ):
+            if not self._try_add_waiting(self.waiting.peek(), step):
+                break
+
+    def _try_add_waiting(self, request: Request, step: StepPlan) -> bool:
+        """Admit the head of the waiting queue (or finish it when it can never fit).
+        False when it has to wait, which holds back everything behind it too."""
+        opts = self.options
+        if request.num_in_flight_batches:
+            return False  # preempted while a batch of it ran: resume once that batch is back
+        hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+        num_new = self._cap_long_prefill(request.num_tokens - num_hit)
+        if num_new > step.budget:
+            # Without chunking a prompt runs whole, so it waits for a roomier step;
+            # only a recomputed context longer than any step (prompt + outputs after
+            # a preemption) is split anyway, or it could never run again.
+            if not opts.enable_chunked_prefill and num_new <= opts.max_num_batched_tokens:
+                return False
+            num_new = step.budget
+        is_partial = num_hit + num_new < request.num_tokens
+        is_long = is_partial and 0 < opts.long_prefill_token_threshold < request.num_tokens
+        if is_partial and (
+            step.num_partial >= opts.max_num_partial_prefills
+            or (is_long and step.num_long_partial >= opts.max_long_partial_prefills)
+        ):
+            return False
+        blocks = None
+        if not opts.reserve_full_isl or self.kv_cache_manager.can_allocate(
+            request, request.num_tokens - num_hit, hit_blocks
+        ):
+            blocks = self._allocate(request, num_new, hit_blocks)
+        if blocks is None:
+            if self.running:
+                return False  # blocks come back as running requests finish
+            # Every block is free and it still does not fit: it never will.
+            self.waiting.pop()
+            self.running.append(request)
+            self._finish_out_of_kv_cache(request)
+            return True
+        self.waiting.pop()
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_hit
+        step.add_new(request, num_new, is_partial, is_long)
+        return True
+
+    def _allocate(
+        self, request: Request, num_new: int, hits: KVCacheBlocks | None = None
+    ) -> KVCacheBlocks | None:
+        return self.kv_cache_manager.allocate_slots(
+            request, num_new, hits, num_lookahead_tokens=self.options.num_lookahead_tokens
+        )
+
+    def _make_output_of(self, step: StepPlan) -> SchedulerOutput:
+        spec = self.spec
+        running = step.running
+        return SchedulerOutput(
+            scheduled_new_reqs=[self._new_request_data(r) for r in step.new],
+            scheduled_cached_reqs=CachedRequestData(
+                req_ids=[r.request_id for r in running],
+                new_block_ids=[step.new_blocks[r.request_id].flat_block_ids() for r in running],
+                num_computed_tokens=[r.num_computed_tokens for r in running],
+                num_kept_blocks=[
+                    spec.kept_blocks.pop(r.request_id, None) if spec else None for r in running
+                ],
+                new_token_ids=[self._unsent_tokens(r) for r in running]
+                if self.options.send_sampled_tokens
+                else [],
+            ),
+            num_scheduled_tokens=step.num_scheduled,
+            total_num_scheduled_tokens=sum(step.num_scheduled.values()),
+            finished_req_ids=self.finished_req_ids,
+            scheduled_spec_decode_tokens=step.spec_tokens,
+            num_spec_tokens_to_propose=spec.num_speculative_tokens if spec and step.use_spec else 0,
+        )
 
     def return_unsent(self, scheduler_output: SchedulerOutput) -> None:
         """The engine will not send this empty output: its finished ids go with the next."""
@@ -431,13 +375,13 @@ class Scheduler:
         request.num_output_tokens_sent = request.num_output_tokens
         return tokens
 
-    def _cap_chunk(self, num_new: int, budget: int) -> int:
-        if 0 < self.long_prefill_token_threshold < num_new:
-            num_new = self.long_prefill_token_threshold
-        return min(num_new, budget)
+    def _cap_long_prefill(self, num_new: int) -> int:
+        """At most ``long_prefill_token_threshold`` tokens of one prefill per step."""
+        threshold = self.options.long_prefill_token_threshold
+        return threshold if 0 < threshold < num_new else num_new
 
     def _pick_victim(self) -> Request:
-        if self.policy == "priority":
+        if self.options.policy == "priority":
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]
 
@@ -525,7 +469,7 @@ class Scheduler:
                 for token_id in sampled:
                     request.append_output_token_ids(token_id)
                     new_token_ids.append(token_id)
-                    if check_stop(request, self.max_model_len):
+                    if check_stop(request, self.options.max_model_len):
                         break
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
 

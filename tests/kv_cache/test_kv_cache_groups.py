@@ -138,14 +138,14 @@ def test_prefix_hit_needs_only_the_window_of_sliding_groups() -> None:
     b = _req("b", tokens + [99, 98], mgr)
     hits, num_hit = mgr.get_computed_blocks(b)
     assert num_hit == 28  # 7 whole blocks; the last token is always computed
-    full_hits, sliding_hits = hits[:7], hits[7:]
+    full_hits, sliding_hits = hits.group(0), hits.group(1)
     assert [h.block_id for h in full_hits] == a_full[:7]
     # The sliding group needs the blocks of keys 28 - W + 1 = 19 .. 27: blocks 4..6.
     null = mgr.null_block_id
     assert [h.block_id for h in sliding_hits[:4]] == [null] * 4
     assert [h.block_id for h in sliding_hits[4:]] == a_sliding[4:7]
-    new_ids = mgr.allocate_slots(b, b.num_tokens - num_hit, hits)
-    assert new_ids is not None and len(new_ids) == 2 * (cdiv(32, BS) - 7)
+    new = mgr.allocate_slots(b, b.num_tokens - num_hit, hits)
+    assert new is not None and new.num_groups == 2 and new.num_blocks == cdiv(32, BS) - 7
     mgr.free(b)
     assert mgr.num_free_blocks == mgr.block_pool.num_usable_blocks
 
@@ -166,7 +166,7 @@ def test_prefix_hit_shrinks_to_what_every_group_still_has() -> None:
     # Hit length h needs sliding blocks (4h - 9) // 4 .. h - 1 cached, block 6 missing:
     # the longest such h below 7 is 6 (blocks 3..5).
     assert num_hit == 6 * BS
-    assert len(hits) == 2 * 6
+    assert (hits.num_groups, hits.num_blocks) == (2, 6)
 
 
 def test_whole_prompt_reservation_counts_sliding_groups_at_their_cap() -> None:

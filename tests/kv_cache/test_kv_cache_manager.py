@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.kv_cache import KVCacheManager
+from minivllm.kv_cache import KVCacheBlocks, KVCacheManager
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler.request import Request
 
 BS = 4
+NO_HITS = KVCacheBlocks.empty(1)
 
 
 def _manager(num_blocks: int = 16, **kw: object) -> KVCacheManager:
@@ -35,11 +36,11 @@ def test_shared_prefix_hits_full_blocks_only() -> None:
     b = _req("b", [*range(9), 99, 98], mgr)  # shares 9 tokens: two full blocks
     hits, num_hit = mgr.get_computed_blocks(b)
     assert num_hit == 2 * BS
-    assert [blk.block_id for blk in hits] == a_blocks[:2]
-    new_ids = mgr.allocate_slots(b, b.num_tokens - num_hit, hits)
-    assert new_ids is not None and len(new_ids) == 1
-    assert mgr.get_block_ids("b") == [*a_blocks[:2], *new_ids]
-    assert all(blk.ref_cnt == 2 for blk in hits)
+    assert hits.get_block_ids() == (a_blocks[:2],)
+    new = mgr.allocate_slots(b, b.num_tokens - num_hit, hits)
+    assert new is not None and new.num_blocks == 1
+    assert mgr.get_block_ids("b") == [*a_blocks[:2], *new.flat_block_ids()]
+    assert all(blk.ref_cnt == 2 for blk in hits.group(0))
 
 
 @pytest.mark.parametrize(("prompt_len", "expected_hit"), [(8, 4), (9, 8), (3, 0), (4, 0), (5, 4)])
@@ -59,7 +60,7 @@ def test_blocks_are_published_only_once_computed() -> None:
     a = _req("a", list(range(8)), mgr)
     assert mgr.allocate_slots(a, 8) is not None
     b = _req("b", list(range(9)), mgr)
-    assert mgr.get_computed_blocks(b) == ([], 0)  # a's KV is not written yet
+    assert mgr.get_computed_blocks(b) == (NO_HITS, 0)  # a's KV is not written yet
     a.num_computed_tokens = 5  # a chunk of 5 tokens ran: one block is full
     mgr.cache_blocks(a, 5)
     assert mgr.get_computed_blocks(b)[1] == 4
@@ -70,7 +71,7 @@ def test_decode_blocks_become_cached_as_outputs_fill_them() -> None:
     a = _req("a", list(range(6)), mgr)
     _run_prefill(mgr, a)
     a.append_output_token_ids([6, 7])  # two decode tokens, the second not yet computed
-    assert mgr.allocate_slots(a, 1) == []  # still fits in block 2
+    assert mgr.allocate_slots(a, 1) == NO_HITS  # still fits in block 2
     a.num_computed_tokens = 7
     mgr.cache_blocks(a, 7)
     b = _req("b", list(range(9)), mgr)
@@ -94,7 +95,7 @@ def test_freed_blocks_stay_hittable_until_evicted_and_tail_goes_first() -> None:
     assert mgr.allocate_slots(c, 8) is not None
     b = _req("b", list(range(13)), mgr)
     hits, num_hit = mgr.get_computed_blocks(b)
-    assert num_hit == 2 * BS and [blk.block_id for blk in hits] == a_blocks[:2]
+    assert num_hit == 2 * BS and hits.flat_block_ids() == a_blocks[:2]
     # Hit blocks come out of the free queue, so they count against availability.
     assert mgr.num_free_blocks == 2
     assert not mgr.can_allocate(b, b.num_tokens - num_hit + BS, hits)
@@ -115,10 +116,10 @@ def test_failed_allocation_changes_nothing() -> None:
 def test_lookahead_slots_and_max_model_len_cap() -> None:
     mgr = _manager(max_model_len=8)
     a = _req("a", list(range(4)), mgr)
-    assert len(mgr.allocate_slots(a, 4, num_lookahead_tokens=1) or []) == 2
+    assert len(mgr.allocate_slots(a, 4, num_lookahead_tokens=1).group(0)) == 2
     b = _req("b", list(range(8)), mgr)
     # Lookahead past max_model_len is useless, so no third block.
-    assert len(mgr.allocate_slots(b, 8, num_lookahead_tokens=3) or []) == 2
+    assert len(mgr.allocate_slots(b, 8, num_lookahead_tokens=3).group(0)) == 2
 
 
 def test_free_returns_every_block_and_usage() -> None:
@@ -144,10 +145,10 @@ def test_prefix_cache_stats_count_tokens() -> None:
 def test_caching_disabled_and_prompt_logprobs_skip_the_cache() -> None:
     off = _manager(enable_caching=False)
     _run_prefill(off, _req("a", list(range(10)), off))
-    assert off.get_computed_blocks(_req("b", list(range(10)), off)) == ([], 0)
+    assert off.get_computed_blocks(_req("b", list(range(10)), off)) == (NO_HITS, 0)
     on = _manager()
     _run_prefill(on, _req("a", list(range(10)), on))
-    assert on.get_computed_blocks(_req("b", list(range(10)), on, prompt_logprobs=1)) == ([], 0)
+    assert on.get_computed_blocks(_req("b", list(range(10)), on, prompt_logprobs=1)) == (NO_HITS, 0)
 
 
 def test_reset_prefix_cache() -> None:
@@ -157,7 +158,7 @@ def test_reset_prefix_cache() -> None:
     assert not mgr.reset_prefix_cache()
     mgr.free(a)
     assert mgr.reset_prefix_cache()
-    assert mgr.get_computed_blocks(_req("b", list(range(10)), mgr)) == ([], 0)
+    assert mgr.get_computed_blocks(_req("b", list(range(10)), mgr)) == (NO_HITS, 0)
 
 
 def test_both_hash_algorithms_serve_hits() -> None:

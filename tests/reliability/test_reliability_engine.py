@@ -119,4 +119,4 @@ def test_llm_refuses_to_start_on_a_kv_cache_too_small_for_max_model_len() -> Non
         LLM(num_gpu_blocks_override=16, max_model_len=2048, **COMMON)
     small = LLM(num_gpu_blocks_override=16, **COMMON)
     assert small.llm_engine.model_config.max_model_len == 15 * 16
-    assert small.llm_engine.scheduler.max_model_len == 15 * 16
+    assert small.llm_engine.scheduler.options.max_model_len == 15 * 16

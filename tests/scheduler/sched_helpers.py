@@ -12,6 +12,7 @@ from minivllm.scheduler import (
     ModelRunnerOutput,
     Request,
     Scheduler,
+    SchedulerOptions,
     SchedulerOutput,
 )
 
@@ -112,14 +113,16 @@ def make_scheduler(
     )
     return Scheduler(
         manager,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
-        enable_chunked_prefill=enable_chunked_prefill,
-        policy=policy,
-        long_prefill_token_threshold=long_prefill_token_threshold,
-        max_concurrent_batches=max_concurrent_batches,
-        send_sampled_tokens=send_sampled_tokens,
+        SchedulerOptions(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=enable_chunked_prefill,
+            policy=policy,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            max_concurrent_batches=max_concurrent_batches,
+            send_sampled_tokens=send_sampled_tokens,
+        ),
     )
 
 
@@ -154,8 +157,8 @@ def run_to_completion(
         if not scheduler.has_unfinished_requests():
             break
         so = scheduler.schedule()
-        assert so.total_num_scheduled_tokens <= scheduler.max_num_batched_tokens
-        assert len(so.num_scheduled_tokens) <= scheduler.max_num_seqs
+        assert so.total_num_scheduled_tokens <= scheduler.options.max_num_batched_tokens
+        assert len(so.num_scheduled_tokens) <= scheduler.options.max_num_seqs
         for out in scheduler.update_from_output(so, runner.execute(so)):
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finished:

@@ -60,7 +60,7 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room() -> None:
     assert _step(sched, runner).num_scheduled_tokens == {"a": 15}
     assert _step(sched, runner).num_scheduled_tokens == {"a": 1, "b": 10}
     with pytest.raises(ValueError, match="enable chunked prefill"):
-        sched.add_request(make_request("c", 21))
+        sched.check_request(21)
 
 
 def test_max_num_seqs_limits_the_batch() -> None:
@@ -94,18 +94,20 @@ def test_admission_order(policy: str, expected: list[str]) -> None:
 
 def test_priority_requires_the_priority_policy() -> None:
     with pytest.raises(ValueError, match="policy 'priority'"):
-        make_scheduler().add_request(make_request("a", 4, priority=2))
+        make_scheduler().check_request(4, priority=2)
     with pytest.raises(ValueError, match="fcfs, priority"):
         make_scheduler(policy="lifo")
 
 
-def test_add_request_rejects_bad_requests() -> None:
+def test_add_request_asserts_what_the_engine_validated() -> None:
+    # The engine validates each request once (engine/input_processor.py); the scheduler
+    # only asserts, so an unvalidated bad request is a bug that shows at once.
     sched = make_scheduler(max_model_len=32)
-    with pytest.raises(ValueError, match="maximum model length"):
-        sched.add_request(make_request("a", 33))
+    with pytest.raises(AssertionError, match="not validated"):
+        sched.add_request(make_request("a", 32))
     sched.add_request(make_request("b", 8, max_tokens=None))
     assert sched.requests["b"].max_tokens == 24  # None means up to max_model_len
-    with pytest.raises(ValueError, match="unique"):
+    with pytest.raises(AssertionError, match="already in use"):
         sched.add_request(make_request("b", 8))
 
 
@@ -145,14 +147,19 @@ def test_from_config_reads_vllm_field_names() -> None:
             scheduler_reserve_full_isl=False,
         ),
         model_config=SimpleNamespace(max_model_len=48),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=1),
         cache_config=SimpleNamespace(
             block_size=16, enable_prefix_caching=False, prefix_caching_hash_algo="sha256_cbor"
         ),
     )
     sched = Scheduler.from_config(cfg, num_blocks=10)
-    assert (sched.max_num_seqs, sched.max_num_batched_tokens, sched.max_model_len) == (3, 40, 48)
-    assert sched.policy == "priority" and not sched.enable_chunked_prefill
-    assert (sched.max_num_partial_prefills, sched.reserve_full_isl) == (2, False)
+    assert (
+        sched.options.max_num_seqs,
+        sched.options.max_num_batched_tokens,
+        sched.options.max_model_len,
+    ) == (3, 40, 48)
+    assert sched.options.policy == "priority" and not sched.options.enable_chunked_prefill
+    assert (sched.options.max_num_partial_prefills, sched.options.reserve_full_isl) == (2, False)
     mgr = sched.kv_cache_manager
     assert (mgr.block_size, mgr.enable_caching, mgr.num_free_blocks) == (16, False, 9)
     cfg.cache_config.block_size = None
@@ -165,7 +172,7 @@ def test_max_num_partial_prefills_limits_concurrent_chunked_prompts(
     max_partial: int, expected_b: int | None
 ) -> None:
     sched = make_scheduler(max_num_batched_tokens=40, long_prefill_token_threshold=10)
-    sched.max_num_partial_prefills = sched.max_long_partial_prefills = max_partial
+    sched.options.max_num_partial_prefills = sched.options.max_long_partial_prefills = max_partial
     sched.add_request(make_request("a", 30))
     sched.add_request(make_request("b", 30))
     so = sched.schedule()
@@ -177,7 +184,7 @@ def test_reserve_full_isl_admits_only_prompts_whose_blocks_are_all_free() -> Non
     for reserve, expected in ((True, {"a": 1}), (False, {"a": 1, "b": 8})):
         # 8 usable blocks of 4 tokens; a holds 3, b's 24-token prompt needs 6.
         sched = make_scheduler(num_blocks=9, max_num_batched_tokens=9)
-        sched.reserve_full_isl = reserve
+        sched.options.reserve_full_isl = reserve
         runner = FakeModelRunner(4)
         sched.add_request(make_request("a", 9, max_tokens=10))
         _step(sched, runner)
@@ -187,6 +194,7 @@ def test_reserve_full_isl_admits_only_prompts_whose_blocks_are_all_free() -> Non
 
 def test_from_config_accepts_the_real_config_classes() -> None:
     from minivllm.config.cache import CacheConfig
+    from minivllm.config.parallel import ParallelConfig
     from minivllm.config.scheduler import SchedulerConfig
 
     cfg = SimpleNamespace(
@@ -194,9 +202,14 @@ def test_from_config_accepts_the_real_config_classes() -> None:
             max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128, policy="priority"
         ),
         model_config=SimpleNamespace(max_model_len=128),
+        parallel_config=ParallelConfig(),
         cache_config=CacheConfig(block_size=16, prefix_caching_hash_algo="sha256_cbor"),
     )
     sched = Scheduler.from_config(cfg, num_blocks=33)
-    assert (sched.max_num_seqs, sched.max_num_batched_tokens, sched.policy) == (4, 64, "priority")
+    assert (
+        sched.options.max_num_seqs,
+        sched.options.max_num_batched_tokens,
+        sched.options.policy,
+    ) == (4, 64, "priority")
     assert sched.kv_cache_manager.max_num_tokens == 32 * 16
     assert sched.kv_cache_manager.hash_fn.__name__ == "sha256_cbor"

@@ -108,7 +108,9 @@ def test_random_workloads_are_independent_of_cache_size(
 def test_a_request_that_outgrows_the_whole_cache_is_capped_not_stuck() -> None:
     sched = make_scheduler(num_blocks=4, block_size=BS)  # 3 usable blocks = 12 tokens
     with pytest.raises(ValueError, match="does not fit in the whole KV cache"):
-        sched.add_request(_workload([(13, 1)])[0])
+        sched.check_request(13)
+    with pytest.raises(ValueError, match="n=2 completions"):
+        sched.check_request(7, n=2)
     for req in _workload([(6, 20), (5, 3)]):
         sched.add_request(req)
     tokens, final = run_to_completion(sched, FakeModelRunner(BS))

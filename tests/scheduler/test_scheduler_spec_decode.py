@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from minivllm.kv_cache import KVCacheManager
 from minivllm.sampling_params import SamplingParams
-from minivllm.scheduler import ModelRunnerOutput, Request, Scheduler
+from minivllm.scheduler import ModelRunnerOutput, Request, Scheduler, SchedulerOptions
 
 BLOCK = 4
 PROMPT = [1, 2, 3, 4, 5, 6]
@@ -16,8 +16,7 @@ def make_scheduler(
     *, lookahead: int = 0, disable: int | None = None, num_blocks: int = 20
 ) -> Scheduler:
     manager = KVCacheManager(num_blocks, BLOCK, enable_caching=True, max_model_len=64)
-    return Scheduler(
-        manager,
+    options = SchedulerOptions(
         max_num_seqs=8,
         max_num_batched_tokens=64,
         max_model_len=64,
@@ -25,6 +24,7 @@ def make_scheduler(
         num_lookahead_tokens=lookahead,
         spec_disable_batch_size=disable,
     )
+    return Scheduler(manager, options)
 
 
 def prefill(sched: Scheduler, rid: str, drafts: list[int], max_tokens: int = 20) -> Request:

@@ -148,11 +148,11 @@ class OpenAIServingChat(OpenAIServing):
                     )
                 params.structured_outputs = constraint
         text, ids = await self.render(request, plan.template_tools if plan else None)
-        await self.validate(ids, params, request.priority)
+        validated = await self.validate(ids, params, request.priority)
         request_id = request.request_id or random_id("chatcmpl")
         engine_id = engine_request_id(request_id)
         self.log_request(engine_id, text, ids, params)
-        generator = self.iterate(ids, params, engine_id, request.priority)
+        generator = self.iterate(validated, engine_id)
         created = int(time.time())
         if request.stream:
             [generator] = await start_streams([generator])

@@ -64,15 +64,14 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIServingError("best_of must equal n (or be unset)", param="best_of")
         params = self.make_params(request)
         prompts = await self._prompts(request)
-        for _, ids in prompts:
-            await self.validate(ids, params, request.priority)
+        validated = [await self.validate(ids, params, request.priority) for _, ids in prompts]
         request_id = request.request_id or random_id("cmpl")
         engine_id = engine_request_id(request_id)
         generators = []
-        for i, (text, ids) in enumerate(prompts):
+        for i, ((text, ids), checked) in enumerate(zip(prompts, validated, strict=True)):
             sub_id = f"{engine_id}-{i}"
             self.log_request(sub_id, text, ids, params)
-            generators.append(self.iterate(ids, params, sub_id, request.priority))
+            generators.append(self.iterate(checked, sub_id))
         created = int(time.time())
         if request.stream:
             generators = await start_streams(generators)

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from minivllm.engine.async_llm import AsyncLLM, EngineDeadError, EngineError, EngineShutdownError
+from minivllm.engine.input_processor import ValidatedRequest
 from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, StreamOptions, UsageInfo
 from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
 from minivllm.logger import init_logger
@@ -185,15 +186,14 @@ class OpenAIServing:
 
     async def validate(
         self, prompt_ids: list[int], params: SamplingParams, priority: int = 0
-    ) -> None:
-        """400 for a request the engine refuses.  A structured-output request compiles its
-        grammar here (cached for the engine), in a worker thread: compiling a large schema
-        is CPU work that must not stall the event loop."""
+    ) -> ValidatedRequest:
+        """The engine's validated request (`iterate` sends it), or a 400 for one it
+        refuses.  A structured-output request compiles its grammar here, in a worker
+        thread: compiling a large schema is CPU work that must not stall the event loop."""
         try:
             if params.structured_outputs is None:
-                self.engine.validate_request(prompt_ids, params, priority)
-            else:
-                await asyncio.to_thread(self.engine.validate_request, prompt_ids, params, priority)
+                return self.engine.process_inputs(prompt_ids, params, priority)
+            return await asyncio.to_thread(self.engine.process_inputs, prompt_ids, params, priority)
         except ValueError as exc:
             raise OpenAIServingError.from_exception(exc) from None
 
@@ -225,12 +225,11 @@ class OpenAIServing:
         )
 
     async def iterate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str, priority: int
+        self, request: ValidatedRequest, request_id: str
     ) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs for one prompt (``request_id``: from `engine_request_id`)."""
-        async for output in self.engine.generate(
-            {"prompt_token_ids": prompt_ids}, params, request_id, priority=priority
-        ):
+        """The engine's outputs for one validated prompt (``request_id``: from
+        `engine_request_id`)."""
+        async for output in self.engine.generate(request, None, request_id):
             yield output
 
 

@@ -15,6 +15,7 @@ from minivllm.engine.async_llm import (
     EngineShutdownError,
     IterationStats,
 )
+from minivllm.engine.input_processor import ValidatedRequest
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from minivllm.stats import SchedulerStats
@@ -34,16 +35,19 @@ class FakeEngine:
         self.vllm_config = None
         self.model_config = None
 
-    def validate_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
-    ) -> None:
-        if params.max_tokens is not None and len(prompt_token_ids) + params.max_tokens > 100:
+    def process_inputs(
+        self, prompt: list[int], params: SamplingParams, priority: int = 0
+    ) -> ValidatedRequest:
+        if params.max_tokens is not None and len(prompt) + params.max_tokens > 100:
             raise ValueError("max_model_len is 100")
+        return ValidatedRequest(None, list(prompt), params.clone(), priority)
 
-    def add_request(self, request_id, prompt, params, priority=0):  # noqa: ANN001
+    def add_request(self, request_id, prompt, params=None, priority=0):  # noqa: ANN001
         self.thread_ids.add(threading.get_ident())
         if isinstance(prompt, str) and prompt == "bad":
             raise ValueError("bad prompt")
+        if isinstance(prompt, ValidatedRequest):
+            params = prompt.params
         self.remaining[request_id] = params.max_tokens
         self.generated[request_id] = 0
         return request_id
@@ -237,7 +241,9 @@ def test_shutdown_lets_short_requests_finish_and_aborts_the_rest() -> None:
         assert 0.25 <= time.monotonic() - start < 3.0
         return results
 
-    fake.validate_request = lambda ids, p, priority=0: None  # type: ignore[method-assign]
+    fake.process_inputs = (  # type: ignore[method-assign]
+        lambda ids, p, priority=0: ValidatedRequest(None, list(ids), p, priority)
+    )
     short, long = asyncio.run(main())
     assert short[-1].outputs[0].finish_reason == "length"
     assert long[-1].outputs[0].finish_reason == "abort"
@@ -263,3 +269,32 @@ def test_dead_loop_fails_waiting_clients_and_new_requests() -> None:
             await collect(llm, "r2", 1)
 
     asyncio.run(main())
+
+
+def test_a_validated_request_is_not_validated_again(fake: FakeEngine) -> None:
+    calls: list[list[int]] = []
+    real = fake.process_inputs
+
+    def counting(prompt, params, priority=0):  # noqa: ANN001, ANN202
+        calls.append(list(prompt))
+        return real(prompt, params, priority)
+
+    fake.process_inputs = counting  # type: ignore[method-assign]
+    added: list[object] = []
+    real_add = fake.add_request
+    fake.add_request = lambda rid, prompt, *a, **k: (  # type: ignore[method-assign]
+        added.append(prompt) or real_add(rid, prompt, *a, **k)
+    )
+    llm = AsyncLLM(fake)
+
+    async def main() -> None:
+        checked = llm.process_inputs([1, 2, 3], params(2))
+        outs = [o async for o in llm.generate(checked, None, "v")]
+        assert outs[-1].finished and len(calls) == 1  # generate took it as it was
+        await collect(llm, "w", 2)  # token ids: validated once, by generate
+        assert len(calls) == 2
+
+    asyncio.run(main())
+    llm.shutdown()
+    # The engine thread received the validated requests themselves.
+    assert all(isinstance(p, ValidatedRequest) for p in added) and len(added) == 2

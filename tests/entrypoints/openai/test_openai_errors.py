@@ -9,7 +9,10 @@ import time
 import httpx
 import openai
 import pytest
+from input_helpers import make_input_processor
 from server_utils import API_KEY, MAX_MODEL_LEN, MODEL_NAME
+
+from minivllm.sampling_params import SamplingParams
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CMPL = "/v1/completions"
@@ -72,6 +75,17 @@ def test_beyond_max_model_len_message_has_the_numbers(server) -> None:  # noqa: 
     error = httpx.post(server.url + CMPL, json=body, headers=AUTH).json()["error"]
     assert f"{MAX_MODEL_LEN} tokens" in error["message"]
     assert f"{MAX_MODEL_LEN + 3} (3 in the prompt + {MAX_MODEL_LEN} max_tokens)" in error["message"]
+
+
+def test_prompt_length_rule_and_message_are_the_offline_engines(server) -> None:  # noqa: ANN001
+    # A prompt of exactly max_model_len tokens leaves no room for an answer: the server
+    # refuses it with the very message the engine's one validation point gives offline.
+    ids = [1] * MAX_MODEL_LEN
+    offline = make_input_processor(MAX_MODEL_LEN, 50_000, num_blocks=MAX_MODEL_LEN // 4 + 2)
+    with pytest.raises(ValueError) as refused:
+        offline.process(ids, SamplingParams(max_tokens=None))
+    error = httpx.post(server.url + CMPL, json={"prompt": ids}, headers=AUTH).json()["error"]
+    assert error["message"] == str(refused.value) and error["param"] == "prompt"
 
 
 @pytest.mark.parametrize(

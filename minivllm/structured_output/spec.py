@@ -44,8 +44,6 @@ class GrammarSpec:
                 schema = load_json(schema, "JSON schema", config)
             else:
                 check_depth(schema, "JSON schema", config)
-            if schema is False:
-                raise ValueError("the JSON schema is false, which accepts nothing")
             if not isinstance(schema, (dict, bool)):
                 raise ValueError("a JSON schema must be a JSON object")
             check_schema(schema)

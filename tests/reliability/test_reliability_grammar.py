@@ -101,6 +101,7 @@ def _beside_stream(server: RemoteServer, *attacks: dict[str, Any]) -> list[httpx
         assert httpx.get(server.url + "/health", timeout=10).status_code == 200
         times.append((solo, seconds[0]))
         if seconds[0] <= 2 * solo + 1:
+            print(f"stream solo {solo:.2f} s, beside the attacks {seconds[0]:.2f} s")
             return resps
     raise AssertionError(f"(solo s, beside the attack s): {times}")
 

@@ -2,8 +2,9 @@
 
 A token mask costs what the grammar makes it cost: a nested bounded repetition such as
 ``(.{0,50}){0,50}`` takes seconds per mask after a few tokens.  Neither library can
-cancel a call, but both release the GIL while they compute a mask (measured: a Python
-thread keeps running at ~2/3 of its solo speed beside a 5 s xgrammar mask), so a call
+cancel a call, but both release the GIL while they compute a mask (xgrammar, measured:
+a Python thread keeps ~2/3 of its solo speed beside a 5 s mask; llguidance documents
+it for its mask calls), so a call
 runs on a daemon thread and the caller waits only until its deadline.  A call that
 overruns is abandoned: its thread finishes it, unseen, then exits, and a fresh thread
 takes its place.

@@ -373,8 +373,13 @@ class SamplingParams:
         return SamplingType.RANDOM
 
     def clone(self) -> SamplingParams:
-        """A deep copy (each request must own its mutable stop-token state)."""
-        return copy.deepcopy(self)
+        """A deep copy (each request must own its mutable stop-token state).
+
+        The constraint and extra_args are shared, not copied: nothing mutates them, and
+        deepcopy recurses once per nesting level of a request's schema.
+        """
+        shared = (self.structured_outputs, self.extra_args)
+        return copy.deepcopy(self, {id(v): v for v in shared if v is not None})
 
     def __repr__(self) -> str:
         # Only the fields that differ from the defaults keep logs short.

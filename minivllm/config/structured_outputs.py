@@ -40,9 +40,60 @@ class StructuredOutputsConfig:
     """Path of a reasoning parser plugin; must be empty (no reasoning parsers)."""
     enable_in_reasoning: bool = False
     """Constrain the reasoning section too; needs a reasoning parser, so must be False."""
+    max_spec_bytes: int = 65536
+    """Largest constraint a request may give, in bytes of its text: the JSON schema (as
+    compact JSON), the regex, the grammar, the structural tag, or the choice list (as a
+    JSON array).  Compile time and memory grow faster than the text (a 64 KiB regex
+    compiles in ~1 s, a 256 KiB one in ~9 s), so a bigger one is refused with a 400."""
+    max_spec_depth: int = 64
+    """Deepest nesting (JSON objects and arrays, "const" and "enum" values included) of a
+    JSON schema or structural tag; a deeper one is refused with a 400."""
+    max_grammar_bytes: int = 64 << 20
+    """Largest compiled grammar a request may bring, in bytes (xgrammar's own memory
+    estimate; for llguidance, 4 bytes per character of the grammar it builds).  A bigger
+    one is refused with a 400; must not exceed cache_max_bytes."""
+    cache_max_bytes: int = 256 << 20
+    """Bytes of compiled grammars kept for reuse (measured as for max_grammar_bytes);
+    the least recently used are dropped first."""
+    max_mask_ms: float = 200.0
+    """Longest one request's grammar may take to compute its token mask for one step (or
+    to advance over one token), in milliseconds.  A request over it ends alone with an
+    error while the batch goes on (the mask is computed in a worker thread, so the step
+    waits at most this long); at validation, a grammar over it in its first
+    probe_steps steps is refused with a 400."""
+    max_request_grammar_s: float = 5.0
+    """Total seconds one request's grammar may spend on token masks and advances over
+    the whole generation; a request over it ends alone with an error."""
+    probe_steps: int = 8
+    """Steps a newly compiled grammar is run through at validation (its shortest
+    allowed token each time), timing each mask against max_mask_ms; a grammar whose
+    mask allows no token there cannot be satisfied and is refused too.  0 disables."""
 
     def __post_init__(self) -> None:
         self.check_supported()
+        self.check_limits()
+
+    def check_limits(self) -> None:
+        """ValueError for a limit that cannot work."""
+        for name in ("max_spec_bytes", "max_spec_depth", "max_grammar_bytes", "cache_max_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"structured_outputs_config.{name} must be >= 1, got {getattr(self, name)}"
+                )
+        for name in ("max_mask_ms", "max_request_grammar_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(
+                    f"structured_outputs_config.{name} must be > 0, got {getattr(self, name)}"
+                )
+        if self.probe_steps < 0:
+            raise ValueError(
+                f"structured_outputs_config.probe_steps must be >= 0, got {self.probe_steps}"
+            )
+        if self.max_grammar_bytes > self.cache_max_bytes:
+            raise ValueError(
+                f"structured_outputs_config.max_grammar_bytes ({self.max_grammar_bytes}) must "
+                f"not exceed cache_max_bytes ({self.cache_max_bytes}); raise cache_max_bytes"
+            )
 
     def check_supported(self) -> None:
         """ValueError for a backend or option minivllm does not run."""

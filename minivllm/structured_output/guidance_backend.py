@@ -11,24 +11,25 @@ import llguidance.hf
 import llguidance.torch
 import torch
 
+from minivllm.structured_output.limits import subschemas
 from minivllm.structured_output.spec import GrammarSpec
+
+GUIDANCE_BYTES_PER_CHAR = 4
+"""Memory estimate of a compiled llguidance grammar per character of its text."""
 
 
 def close_objects(schema: Any) -> Any:
-    """A copy of ``schema`` where every object without "additionalProperties" gets false."""
-    schema = copy.deepcopy(schema)
-
-    def visit(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "object" or "properties" in node:
-                node.setdefault("additionalProperties", False)
-            for value in node.values():
-                visit(value)
-        elif isinstance(node, list):
-            for item in node:
-                visit(item)
-
-    visit(schema)
+    """A copy of ``schema`` where every object schema without "additionalProperties"
+    gets false (iterative: the nesting depth is the request's)."""
+    schema = copy.deepcopy(schema)  # depth already bounded by max_spec_depth
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if node.get("type") == "object" or "properties" in node:
+            node.setdefault("additionalProperties", False)
+        stack.extend(subschemas(node))
     return schema
 
 
@@ -107,6 +108,10 @@ class GuidanceBackend:
             # llguidance reads Lark, and GBNF/EBNF as well.
             return llguidance.grammar_from("grammar", spec.text)
         raise ValueError(f"structured output kind {spec.kind!r} is not supported by llguidance")
+
+    def size_bytes(self, compiled: str) -> int:
+        # The cached grammar is its text; LLMatcher builds its parser per request.
+        return GUIDANCE_BYTES_PER_CHAR * len(compiled)
 
     def new_matcher(self, compiled: str) -> GuidanceMatcher:
         return GuidanceMatcher(self._tokenizer, compiled, self._stop_token_ids)

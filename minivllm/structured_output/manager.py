@@ -1,5 +1,6 @@
 """`StructuredOutputManager`: picks the backend of a request and compiles its grammar
-once, cached by the grammar's text and options."""
+once, cached by the grammar's text and options (bounded in bytes), after probing its
+first steps for masks that are too slow or allow nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from minivllm.logger import init_logger
+from minivllm.structured_output.limits import flag
+from minivllm.structured_output.probe import GrammarProber
 from minivllm.structured_output.spec import CompiledGrammar, GrammarBackend, GrammarSpec
 
 if TYPE_CHECKING:
@@ -17,8 +20,8 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-CACHE_SIZE = 256
-"""Compiled grammars kept (least recently used dropped first)."""
+REFUSED_CACHE_SIZE = 256
+"""Grammars refused by the probe that are remembered (so a repeat is not recompiled)."""
 
 _KIND_NAMES = {
     "json": "JSON schema",
@@ -51,6 +54,10 @@ class StructuredOutputManager:
         self._stop_token_ids = stop_token_ids
         self._backends: dict[str, GrammarBackend] = {}
         self._cache: OrderedDict[tuple[str, GrammarSpec], CompiledGrammar] = OrderedDict()
+        self.cache_bytes = 0
+        """Memory estimate of the cached grammars (<= config.cache_max_bytes)."""
+        self._prober: GrammarProber | None = None
+        self._refused: OrderedDict[tuple[str, GrammarSpec], str] = OrderedDict()
         self._lock = threading.Lock()
         self.num_compiles = 0
         """Grammars compiled so far (cache misses)."""
@@ -105,18 +112,44 @@ class StructuredOutputManager:
             if cached is not None:
                 self._cache.move_to_end(key)
                 return cached
+            refused = self._refused.get(key)
+        if refused is not None:  # the same slow or empty grammar again: no second compile
+            raise ValueError(refused)
         backend = self._backend(backend_name)
         start = time.perf_counter()
+        what = _KIND_NAMES.get(spec.kind, spec.kind)
         try:
             compiled = backend.compile(spec)
         except Exception as exc:  # the libraries raise RuntimeError, TypeError, ...
-            what = _KIND_NAMES.get(spec.kind, spec.kind)
             raise ValueError(f"invalid {what} for structured outputs: {exc}") from None
-        grammar = CompiledGrammar(spec, backend, compiled)
+        grammar = CompiledGrammar(spec, backend, compiled, backend.size_bytes(compiled))
+        limit = self.config.max_grammar_bytes
+        if grammar.size_bytes > limit:
+            raise ValueError(
+                f"the compiled {what} takes {grammar.size_bytes} bytes, over the limit "
+                f"max_grammar_bytes={limit} ({flag('max_grammar_bytes')}); send a smaller one"
+            )
         with self._lock:
             self.num_compiles += 1
             self.compile_seconds += time.perf_counter() - start
-            self._cache[key] = grammar
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
+            if self._prober is None:
+                self._prober = GrammarProber(
+                    self._tokenizer, self._vocab_size, self._stop_token_ids, self.config
+                )
+            prober = self._prober
+        try:
+            prober.probe(grammar, what)
+        except ValueError as exc:
+            with self._lock:
+                self._refused[key] = str(exc)
+                while len(self._refused) > REFUSED_CACHE_SIZE:
+                    self._refused.popitem(last=False)
+            raise
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = grammar
+                self.cache_bytes += grammar.size_bytes
+            while self.cache_bytes > self.config.cache_max_bytes:
+                _, dropped = self._cache.popitem(last=False)
+                self.cache_bytes -= dropped.size_bytes
         return grammar

@@ -7,6 +7,9 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from minivllm.structured_output.deadline import TimedMatcher
+from minivllm.structured_output.limits import check_depth, check_schema, check_spec_size, load_json
+
 if TYPE_CHECKING:
     import torch
 
@@ -31,25 +34,33 @@ class GrammarSpec:
     def from_params(
         cls, params: StructuredOutputsParams, config: StructuredOutputsConfig
     ) -> GrammarSpec:
-        """The spec of ``params`` under the engine's ``config`` (ValueError for bad JSON)."""
+        """The spec of ``params`` under the engine's ``config``: ValueError for bad JSON,
+        or a constraint over the size or depth limits or that nothing can enforce."""
         kind = params.kind
         text: str
         if kind == "json":
             schema: Any = params.json
             if isinstance(schema, str):
-                try:
-                    schema = json.loads(schema)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
+                schema = load_json(schema, "JSON schema", config)
+            else:
+                check_depth(schema, "JSON schema", config)
             if not isinstance(schema, (dict, bool)):
                 raise ValueError("a JSON schema must be a JSON object")
+            check_schema(schema)
             text = json.dumps(schema)
+            check_spec_size(text, "JSON schema", config)
         elif kind == "choice":
             text = json.dumps(params.choice)
+            check_spec_size(text, "choice list", config)
         elif kind == "json_object":
             text = '{"type": "object"}'
         else:
             text = str(getattr(params, kind))
+            what = {"structural_tag": "structural tag"}.get(kind, kind)
+            if kind == "structural_tag":
+                load_json(text, what, config)
+            else:
+                check_spec_size(text, what, config)
         return cls(
             kind=kind,
             text=text,
@@ -85,6 +96,9 @@ class GrammarBackend(Protocol):
     def new_matcher(self, compiled: Any) -> GrammarMatcher:
         """A fresh matcher at the start of ``compiled``."""
 
+    def size_bytes(self, compiled: Any) -> int:
+        """Memory estimate of ``compiled``, for the cache's byte bound."""
+
 
 @dataclass(frozen=True)
 class CompiledGrammar:
@@ -94,5 +108,8 @@ class CompiledGrammar:
     backend: GrammarBackend
     compiled: Any
 
-    def new_matcher(self) -> GrammarMatcher:
-        return self.backend.new_matcher(self.compiled)
+    size_bytes: int = 0
+    """Memory estimate (see StructuredOutputsConfig.max_grammar_bytes)."""
+
+    def new_matcher(self) -> TimedMatcher:
+        return TimedMatcher(self.backend.new_matcher(self.compiled))

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from minivllm.structured_output.limits import xgrammar_ignored
 from minivllm.structured_output.spec import GrammarSpec
 
 # xgrammar prefixes its C++ errors with "[hh:mm:ss] /path/file.cc:NN: ".
@@ -63,6 +64,14 @@ class XGrammarBackend:
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         c = self._compiler
         if spec.kind in ("json", "json_object"):
+            ignored = xgrammar_ignored(json.loads(spec.text))
+            if ignored:
+                # "not supported" lets backend "auto" try llguidance, which either
+                # enforces these keywords or refuses them too.
+                raise ValueError(
+                    f"JSON schema keyword(s) {', '.join(ignored)} are not supported by "
+                    "xgrammar (the output would not honour them)"
+                )
             # strict_mode (on by default) already gives objects without
             # "additionalProperties" no unlisted keys, so no_additional_properties holds.
             return c.compile_json_schema(spec.text, any_whitespace=spec.any_whitespace)
@@ -76,6 +85,9 @@ class XGrammarBackend:
         if spec.kind == "structural_tag":
             return c.compile_structural_tag(spec.text)
         raise ValueError(f"unknown structured output kind {spec.kind!r}")
+
+    def size_bytes(self, compiled: xgr.CompiledGrammar) -> int:
+        return int(compiled.memory_size_bytes)
 
     def new_matcher(self, compiled: xgr.CompiledGrammar) -> XGrammarMatcher:
         return XGrammarMatcher(compiled)

@@ -36,7 +36,7 @@ from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.rejection_sampler import verify
 from minivllm.sample.sampler import Sampler, draw_uniform
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
-from minivllm.structured_output.bitmask import GrammarBitmask, accept_tokens
+from minivllm.structured_output.bitmask import GrammarBitmask
 from minivllm.worker.forward_runner import ForwardRunner
 from minivllm.worker.input_batch import CachedRequestState, StepInputs, build_step_inputs
 from minivllm.worker.spec_decode import SpecDecoder
@@ -71,7 +71,9 @@ class ModelRunner:
         self.spec: SpecDecoder | None = None
         if vllm_config.speculative_config is not None:
             self.spec = SpecDecoder(vllm_config, device)
-        self.grammar_bitmask = GrammarBitmask(self.vocab_size, device)
+        self.grammar_bitmask = GrammarBitmask(
+            self.vocab_size, device, vllm_config.structured_outputs_config
+        )
         world = get_world_group()
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         self.is_output_rank = world.rank_in_group == output_rank(world.world_size, tp_size)
@@ -237,12 +239,15 @@ class ModelRunner:
             matchers = [s.grammar_matcher for s in states]
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             meta = SamplingMetadata.build(states, self.vocab_size, self.device)
-            meta.grammar_bitmask = self.grammar_bitmask.fill(matchers)
+            # A request whose grammar breaks a limit ends alone (in `failed`).
+            meta.grammar_bitmask = self.grammar_bitmask.fill(
+                matchers, inputs.sample_req_ids, failed
+            )
             out = self.sampler(logits, meta)
             tokens = out.sampled_token_ids.tolist()
             if out.logprobs is not None:
                 row_entries = out.logprobs.to_entries(meta.num_logprobs)
-            accept_tokens(inputs.sample_req_ids, matchers, tokens)
+            self.grammar_bitmask.accept(inputs.sample_req_ids, matchers, tokens, failed)
             for state, token, entry in zip(states, tokens, row_entries, strict=True):
                 state.output_token_ids.append(token)
                 sampled[state.req_id] = token

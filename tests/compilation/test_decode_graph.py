@@ -55,10 +55,9 @@ def test_decode_steps_run_in_the_graph_and_match_piecewise(llama: Any) -> None:
     graph = decode_graph(llama)
     assert graph is not None and graph.ready
     # Where minivllm's C++ kernels build, the graph's attention is their op.
-    from minivllm.attention.decode_graph import DECODE_INPUTS
     from minivllm.kernels import lowbit_cpu
 
-    assert DECODE_INPUTS.native_attention == lowbit_cpu.available()
+    assert graph.native_attention == lowbit_cpu.available()
     piecewise = run(llama, False, PROMPTS)
     steps = graph.num_steps
     on = run(llama, True, PROMPTS)

@@ -137,6 +137,11 @@ def test_not_with_parallelism(tiny_llama: Path) -> None:
             model=str(tiny_llama), skip_tokenizer_init=True, **kwargs
         ).create_engine_config()
         assert decode_graph_wanted(cfg, layers).startswith("tensor/pipeline")
+    # An fp8 KV cache is refused here too: this is the one place that decides.
+    cfg = EngineArgs(
+        model=str(tiny_llama), skip_tokenizer_init=True, kv_cache_dtype="fp8"
+    ).create_engine_config()
+    assert decode_graph_wanted(cfg, layers).startswith("fp8 KV cache")
 
 
 def test_low_bit_gguf_matches_piecewise(tmp_path: Path) -> None:

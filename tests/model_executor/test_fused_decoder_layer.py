@@ -239,3 +239,6 @@ def test_stack_of_layers_matches_layer_by_layer() -> None:
     layers[1].self_attn.attn.sliding_window = 4
     plan = fused_layers(layers, torch.float32, handle)
     assert all(isinstance(p, FusedDecoderLayer) for p in plan)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINIVLLM_CPU_FUSED_LAYERS", "0")
+        assert fused_layers(layers, torch.float32, handle) == [None] * len(layers)

@@ -63,7 +63,7 @@ DECODE_GRAPH_MAX_SEQS = Q4_MAX_TOKENS
 """Most requests a decode-graph step takes (64); its attention computes every request
 over the longest context of the batch (masked), which suits small batches.  The
 most rows minivllm's int4 kernel takes, so the graph calls that kernel directly
-(`minivllm.model_executor.layers.quantized_linear.lowbit_linear`)."""
+(`minivllm.model_executor.layers.quantized_linear.q4_kernel_linear`)."""
 
 _MIN_BLOCKS = 2
 """Block-table width is padded to at least this: Dynamo fixes a dimension that

@@ -29,9 +29,9 @@ import time
 
 import torch
 
-from minivllm.attention.decode_graph import DECODE_INPUTS
+from minivllm.attention.forward_context import DecodeStep
 from minivllm.kernels import lowbit_cpu
-from minivllm.model_executor.layers.fused_decoder_layer import fused_decoder_stack
+from minivllm.model_executor.layers.fused_decoder_layer import fused_decoder_stack, layer_parts
 
 
 def _median_ms(fn, steps: int = 20, rounds: int = 5) -> float:
@@ -56,27 +56,21 @@ def time_batch(
     slots = table[:, -1].long() * block + (context - 1) % block
     positions = lens.long() - 1
     hidden = torch.randn(b, hidden_size) * 0.1
-    DECODE_INPUTS.tracing, DECODE_INPUTS.native_attention = True, True
-    DECODE_INPUTS.seq_lens, DECODE_INPUTS.block_tables = lens, [table]
-    DECODE_INPUTS.slots = [slots]
-
-    parts = [layer.fused_parts() for layer in layers]
+    step = DecodeStep(lens, [table], [slots])
+    parts = [layer_parts(layer) for layer in layers]
 
     def fused() -> None:
-        fused_decoder_stack(positions, hidden, parts)
+        fused_decoder_stack(positions, hidden, parts, step)
 
-    linears = [lin for layer in layers for lin in layer.fused_parts()[1]]
+    linears = [lin for p in parts for lin in p[1]]
     inputs = {n: torch.randn(b, n) * 0.1 for n in {lin.input_size for lin in linears}}
 
     def gemms() -> None:
         for lin in linears:
             torch.ops.minivllm_cpu.q4_gemm(inputs[lin.input_size], lin.qweight, lin.qscales)
 
-    try:
-        with torch.inference_mode():
-            return _median_ms(fused), _median_ms(gemms)
-    finally:
-        DECODE_INPUTS.tracing = False
+    with torch.inference_mode():
+        return _median_ms(fused), _median_ms(gemms)
 
 
 def main() -> None:
@@ -97,7 +91,7 @@ def main() -> None:
     weight_bytes = sum(
         t.numel() * t.element_size()
         for layer in layers
-        for lin in layer.fused_parts()[1]
+        for lin in layer_parts(layer)[1]
         for t in (lin.qweight, lin.qscales)
     )
     print(f"threads {torch.get_num_threads()}, weight bytes per step {weight_bytes / 1e6:.1f} MB")

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from minivllm.attention.backends import get_attn_backend
-from minivllm.attention.decode_graph import DECODE_INPUTS, decode_attention
 from minivllm.attention.forward_context import get_forward_context
 from minivllm.attention.metadata import metadata_for_layer
 from minivllm.attention.ops import compute_kv_scale
@@ -94,8 +93,6 @@ class Attention(nn.Module):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """Attention of flat ``query [T, nh*hd]`` given ``key/value [T, nkv*hd]``."""
-        if DECODE_INPUTS.tracing:
-            return decode_attention(self, query, key, value)
         output = torch.empty_like(query)
         if torch.compiler.is_compiling():
             dep = torch.ops.minivllm.unified_kv_cache_update(key, value, self.layer_name)

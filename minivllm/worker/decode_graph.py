@@ -18,6 +18,10 @@ other low-bit GEMMs stay the opaque ``minivllm::lowbit_linear`` op, which picks
 its kernel by row count at run time.  Llama-family layers whose projections are
 all low-bit are traced as minivllm's fused C++ decoder layer instead, all of them
 as one call where they all are (`minivllm.model_executor.layers.fused_decoder_layer`).
+All of that is the traced copy of the model that `minivllm.model_executor.decode_view`
+makes (the model's own code has no decode-graph branch); each step's block tables,
+context lengths and slots are the forward context's `DecodeStep`, an argument of
+the compiled call.
 
 One trace (a batch of 2 with 2 blocks per request, both marked dynamic) serves
 every batch size and context length, and runs without Dynamo's guards, like the
@@ -27,8 +31,8 @@ tokens, more than `DECODE_GRAPH_MAX_SEQS` requests) keep the piecewise forward.
 
 Used in the ``VLLM_COMPILE`` mode on CPU without tensor or pipeline parallelism,
 when every attention layer uses the CPU backend, the KV cache is not fp8 and
-``calculate_kv_scales`` is off;
-``MINIVLLM_CPU_DECODE_GRAPH=0`` turns it off.
+``calculate_kv_scales`` is off; ``MINIVLLM_CPU_DECODE_GRAPH=0`` turns it off.
+`decode_graph_wanted` is the one place that decides.
 """
 
 from __future__ import annotations
@@ -40,14 +44,15 @@ import torch
 from torch import nn
 
 from minivllm import envs
-from minivllm.attention.decode_graph import DECODE_INPUTS, LAYER_BOUNDARY_OP
+from minivllm.attention.forward_context import DecodeStep, set_forward_context
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.attention.paged_kv import is_fp8
+from minivllm.attention.paged_kv import is_fp8, resolve_kv_cache_dtype
 from minivllm.compilation.backend import VllmBackend
 from minivllm.config.compilation.modes import CompilationMode
 from minivllm.kernels import lowbit_cpu
 from minivllm.logger import init_logger
 from minivllm.math_utils import cdiv
+from minivllm.model_executor.decode_view import LAYER_BOUNDARY_OP, DecodeView, decode_view
 from minivllm.model_executor.layers.quantized_linear import Q4_MAX_TOKENS
 
 if TYPE_CHECKING:
@@ -59,7 +64,7 @@ DECODE_GRAPH_MAX_SEQS = Q4_MAX_TOKENS
 """Most requests a decode-graph step takes (64); its attention computes every request
 over the longest context of the batch (masked), which suits small batches.  The
 most rows minivllm's int4 kernel takes, so the graph calls that kernel directly
-(`minivllm.model_executor.layers.quantized_linear.lowbit_linear`)."""
+(`minivllm.model_executor.layers.quantized_linear.q4_kernel_linear`)."""
 
 _MIN_BLOCKS = 2
 """Block-table width is padded to at least this: Dynamo fixes a dimension that
@@ -79,6 +84,9 @@ def decode_graph_wanted(vllm_config: VllmConfig, attn_layers: dict[str, Any]) ->
         return "tensor/pipeline parallelism (the graph is traced for one process)"
     if not attn_layers:
         return "no attention layers"
+    mc = vllm_config.model_config
+    if is_fp8(resolve_kv_cache_dtype(vllm_config.cache_config.cache_dtype, mc.dtype)):
+        return "fp8 KV cache (the graph's KV write stores values as they are)"
     for layer in attn_layers.values():
         if layer.impl.name != "CPU_SDPA":
             return f"attention backend {layer.impl.name}"
@@ -93,6 +101,7 @@ class CpuDecodeGraph:
     def __init__(self, model: nn.Module, vllm_config: VllmConfig, attn_layers: dict[str, Any]):
         self.model = model
         self.attn_layers = attn_layers
+        self.dtype: torch.dtype = vllm_config.model_config.dtype
         self.max_seqs = min(DECODE_GRAPH_MAX_SEQS, vllm_config.scheduler_config.max_num_seqs)
         self.block_size = vllm_config.cache_config.block_size
         self.backend = VllmBackend(
@@ -102,9 +111,34 @@ class CpuDecodeGraph:
             splitting_ops=[LAYER_BOUNDARY_OP],
             one_range=True,
         )
+        self.view: DecodeView | None = None
+        """The model as the graph traces it (`decode_view`), made at `warm_up`."""
+        self.native_attention = False
+        """Whether the graph's attention is minivllm's C++ op (its kernels loaded)."""
+        self.num_fused_layers = 0
+        """Decoder layers that run as minivllm's fused C++ layer in the graph."""
+        self._fn: Any = None
+        self.ready = False
+        self.num_groups = 1
+        self.num_steps = 0
+        """Decode steps this graph ran (tests and benchmarks read it)."""
 
-        def decode_forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            return model(input_ids, positions)
+    # -- start-up ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def warm_up(self) -> float:
+        """Make the traced copy of the model, trace and compile it (the KV caches
+        must be bound); returns seconds spent.
+
+        The trace runs a batch of 2 with 2 blocks each, both dimensions marked
+        dynamic, and writes only to the null block (block 0)."""
+        start = time.perf_counter()
+        self.num_groups = 1 + max(layer.kv_group for layer in self.attn_layers.values())
+        self.native_attention = lowbit_cpu.available()
+        view, self.num_fused_layers = decode_view(self.model, self.dtype, self.native_attention)
+        self.view = view
+
+        def decode_forward(ids: torch.Tensor, pos: torch.Tensor, ctx: Any) -> torch.Tensor:
+            return view(ids, pos, ctx)
 
         # One trace serves every batch and context size: no guards, as the model
         # forward runs (`minivllm.compilation.wrapper`).
@@ -115,32 +149,17 @@ class CpuDecodeGraph:
             dynamic=False,
             options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
         )
-        self.ready = False
-        self.num_groups = 1
-        self.num_steps = 0
-        """Decode steps this graph ran (tests and benchmarks read it)."""
-
-    # -- start-up ---------------------------------------------------------------------
-    @torch.inference_mode()
-    def warm_up(self, num_groups: int) -> float:
-        """Trace and compile (the KV caches must be bound); returns seconds spent.
-
-        The trace runs a batch of 2 with 2 blocks each, both dimensions marked
-        dynamic, and writes only to the null block (block 0)."""
-        self.num_groups = num_groups
-        start = time.perf_counter()
-        DECODE_INPUTS.native_attention = lowbit_cpu.available()
-        b = 2
+        b, groups = 2, range(self.num_groups)
         ids = torch.zeros(b, dtype=torch.long)
         pos = torch.zeros(b, dtype=torch.long)
         lens = torch.ones(b, dtype=torch.int32)
-        tables = [torch.zeros(b, _MIN_BLOCKS, dtype=torch.int32) for _ in range(num_groups)]
-        slots = [torch.zeros(b, dtype=torch.long) for _ in range(num_groups)]
+        tables = [torch.zeros(b, _MIN_BLOCKS, dtype=torch.int32) for _ in groups]
+        slots = [torch.zeros(b, dtype=torch.long) for _ in groups]
         for t in (ids, pos, lens, *tables, *slots):
             torch._dynamo.mark_dynamic(t, 0)
         for t in tables:
             torch._dynamo.mark_dynamic(t, 1)
-        self._call(ids, pos, lens, tables, slots)
+        self._call(ids, pos, None, DecodeStep(lens, tables, slots))
         self.ready = True
         return time.perf_counter() - start
 
@@ -167,24 +186,17 @@ class CpuDecodeGraph:
             width = max(_MIN_BLOCKS, cdiv(gmd.max_seq_len, self.block_size))
             tables.append(_table(gmd.block_tables, width))
             slots.append(gmd.slot_mapping[:n])
-        return self._call(input_ids, positions, md.seq_lens, tables, slots)
+        return self._call(input_ids, positions, md, DecodeStep(md.seq_lens, tables, slots))
 
     def _call(
         self,
         ids: torch.Tensor,
         pos: torch.Tensor,
-        lens: torch.Tensor,
-        tables: list[torch.Tensor],
-        slots: list[torch.Tensor],
+        md: AttentionMetadata | None,
+        step: DecodeStep,
     ) -> torch.Tensor:
-        inputs = DECODE_INPUTS
-        inputs.seq_lens, inputs.block_tables, inputs.slots = lens, tables, slots
-        inputs.tracing = True
-        try:
-            return self._fn(ids, pos)
-        finally:
-            inputs.tracing = False
-            inputs.seq_lens, inputs.block_tables, inputs.slots = None, [], []
+        with set_forward_context(md, self.attn_layers, decode_step=step) as ctx:
+            return self._fn(ids, pos, ctx)
 
 
 def _table(block_tables: torch.Tensor, width: int) -> torch.Tensor:
@@ -194,15 +206,6 @@ def _table(block_tables: torch.Tensor, width: int) -> torch.Tensor:
         return block_tables[:, :width].contiguous()
     pad = block_tables.new_zeros(block_tables.shape[0], width - cols)
     return torch.cat([block_tables, pad], dim=1)
-
-
-def is_float_cache(attn_layers: dict[str, Any]) -> bool:
-    """Whether every layer has a bound, non-fp8 KV cache (the graph's KV write
-    stores values as they are)."""
-    return all(
-        layer.kv_cache is not None and not is_fp8(layer.kv_cache.dtype)
-        for layer in attn_layers.values()
-    )
 
 
 __all__ = ["DECODE_GRAPH_MAX_SEQS", "CpuDecodeGraph", "decode_graph_wanted"]

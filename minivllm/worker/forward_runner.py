@@ -35,7 +35,7 @@ from minivllm.worker.cudagraph import (
     log_capture,
     timer,
 )
-from minivllm.worker.decode_graph import CpuDecodeGraph, decode_graph_wanted, is_float_cache
+from minivllm.worker.decode_graph import CpuDecodeGraph, decode_graph_wanted
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
@@ -234,18 +234,17 @@ class ForwardRunner:
         return len(plan)
 
     def _warm_up_decode_graph(self, graph: CpuDecodeGraph) -> None:
-        if not is_float_cache(self.attn_layers):
-            logger.info("CPU decode graph off: fp8 KV cache")
-            self.decode_graph = None
-            return
-        groups = 1 + max(getattr(layer, "kv_group", 0) for layer in self.attn_layers.values())
         logger.info(
             "start-up 3/4: compiling the CPU decode graph (decode steps of 1-%d requests)",
             graph.max_seqs,
         )
-        seconds = graph.warm_up(groups)
+        seconds = graph.warm_up()
         self.compilation_config.compilation_time += seconds
-        logger.info("CPU decode graph compiled in %.2f s", seconds)
+        logger.info(
+            "CPU decode graph compiled in %.2f s (%d decoder layers fused)",
+            seconds,
+            graph.num_fused_layers,
+        )
 
     # -- FULL graphs --------------------------------------------------------------
     def _full_forward(self, size: int, uniform: bool) -> torch.Tensor:
@@ -255,6 +254,19 @@ class ForwardRunner:
             return self.model_forward(self._ids[:size], self._pos[:size])
 
     # -- per step -----------------------------------------------------------------
+    def _stage_inputs(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, padded: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy the step's ids and positions into the captured graphs' input buffers
+        (graph inputs must sit at the addresses they were captured at), padding rows
+        zeroed; returns the first ``padded`` rows of each."""
+        n = input_ids.shape[0]
+        self._ids[:n].copy_(input_ids)
+        self._ids[n:padded].zero_()
+        self._pos[:n].copy_(positions)
+        self._pos[n:padded].zero_()
+        return self._ids[:padded], self._pos[:padded]
+
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata | None
     ) -> torch.Tensor:
@@ -273,22 +285,14 @@ class ForwardRunner:
             # groups (sliding windows) run outside FULL graphs.
             and (md is None or md.group_metadata is None)
         ):
-            self._ids[:n].copy_(input_ids)
-            self._ids[n:padded].zero_()
-            self._pos[:n].copy_(positions)
-            self._pos[n:padded].zero_()
+            self._stage_inputs(input_ids, positions, padded)
             self._graph_buffers.fill(md, padded)
             return self._full.replay(padded, uniform)[:n]
         if mode == CUDAGraphMode.NONE:
             with set_forward_context(md, self.attn_layers):
                 return self.model_forward(input_ids, positions)
         if self._pool is not None:
-            # Graph inputs must sit at the addresses they were captured at.
-            self._ids[:n].copy_(input_ids)
-            self._ids[n:padded].zero_()
-            self._pos[:n].copy_(positions)
-            self._pos[n:padded].zero_()
-            ids, pos = self._ids[:padded], self._pos[:padded]
+            ids, pos = self._stage_inputs(input_ids, positions, padded)
             _, _, md = pad_step_inputs(input_ids, positions, md, padded)
         else:
             ids, pos, md = pad_step_inputs(input_ids, positions, md, padded)

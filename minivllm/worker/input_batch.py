@@ -108,6 +108,36 @@ class StepInputs:
     this step; its logits rows are then the last ``1 + len(drafts)`` of its tokens."""
 
 
+@dataclass
+class _FlatBatch:
+    """The numpy arrays of one step, filled request by request (`_add_request`)."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    """[num_kv_groups, num_tokens]"""
+    query_start_loc: np.ndarray
+    seq_lens: np.ndarray
+    block_tables: np.ndarray
+    """[num_kv_groups, num_reqs, max_blocks]"""
+    logits_rows: list[int] = field(default_factory=list)
+    sample_req_ids: list[str] = field(default_factory=list)
+    sample_drafts: list[list[int]] = field(default_factory=list)
+
+    @classmethod
+    def allocate(
+        cls, num_tokens: int, num_reqs: int, num_groups: int, max_blocks: int
+    ) -> _FlatBatch:
+        return cls(
+            input_ids=np.empty(num_tokens, dtype=np.int64),
+            positions=np.empty(num_tokens, dtype=np.int64),
+            slot_mapping=np.empty((num_groups, num_tokens), dtype=np.int64),
+            query_start_loc=np.zeros(num_reqs + 1, dtype=np.int32),
+            seq_lens=np.empty(num_reqs, dtype=np.int32),
+            block_tables=np.zeros((num_groups, num_reqs, max(max_blocks, 1)), dtype=np.int32),
+        )
+
+
 def build_step_inputs(
     states: dict[str, CachedRequestState],
     req_ids: list[str],
@@ -122,72 +152,82 @@ def build_step_inputs(
 
     With several KV cache groups each group gets its own block tables and slots
     (``attn_metadata.group_metadata``); the other fields are shared."""
-    num_reqs = len(req_ids)
     counts = [num_scheduled_tokens[r] for r in req_ids]
-    total = sum(counts)
-    input_ids = np.empty(total, dtype=np.int64)
-    positions = np.empty(total, dtype=np.int64)
-    slot_mapping = np.empty((num_kv_groups, total), dtype=np.int64)
-    query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
-    seq_lens = np.empty(num_reqs, dtype=np.int32)
     max_blocks = max((len(states[r].block_ids) for r in req_ids), default=1) // num_kv_groups
-    block_tables = np.zeros((num_kv_groups, num_reqs, max(max_blocks, 1)), dtype=np.int32)
-    logits_rows: list[int] = []
-    sample_req_ids: list[str] = []
-    sample_drafts: list[list[int]] = []
-
+    batch = _FlatBatch.allocate(sum(counts), len(req_ids), num_kv_groups, max_blocks)
     offset = 0
     for i, req_id in enumerate(req_ids):
-        state = states[req_id]
-        n = counts[i]
-        start = state.num_computed_tokens
-        end = start + n
         drafts = (spec_tokens or {}).get(req_id, [])
-        nd = len(drafts)
-        input_ids[offset : offset + n - nd] = state.token_slice(start, end - nd)
-        input_ids[offset + n - nd : offset + n] = drafts
-        pos = np.arange(start, end, dtype=np.int64)
-        positions[offset : offset + n] = pos
-        for g, ids in enumerate(state.group_block_ids(num_kv_groups)):
-            blocks = np.asarray(ids, dtype=np.int64)
-            slot_mapping[g, offset : offset + n] = (
-                blocks[pos // block_size] * block_size + pos % block_size
-            )
-            block_tables[g, i, : len(ids)] = ids
-        seq_lens[i] = end
-        query_start_loc[i + 1] = query_start_loc[i] + n
-        if end - nd >= state.num_tokens:
-            logits_rows.extend(range(offset + n - 1 - nd, offset + n))
-            sample_req_ids.append(req_id)
-            sample_drafts.append(list(drafts))
-        offset += n
+        _add_request(batch, i, offset, states[req_id], counts[i], drafts, block_size)
+        offset += counts[i]
+    return StepInputs(
+        input_ids=torch.from_numpy(batch.input_ids).to(device),
+        positions=torch.from_numpy(batch.positions).to(device),
+        attn_metadata=_attention_metadata(batch, max(counts, default=0), device),
+        req_ids=list(req_ids),
+        logits_indices=torch.tensor(batch.logits_rows, dtype=torch.long, device=device),
+        sample_req_ids=batch.sample_req_ids,
+        num_scheduled=counts,
+        sample_drafts=batch.sample_drafts,
+    )
 
-    qsl_t = torch.from_numpy(query_start_loc).to(device)
-    seq_lens_t = torch.from_numpy(seq_lens).to(device)
+
+def _add_request(
+    batch: _FlatBatch,
+    i: int,
+    offset: int,
+    state: CachedRequestState,
+    n: int,
+    drafts: list[int],
+    block_size: int,
+) -> None:
+    """Request ``i``'s ``n`` scheduled tokens (its own, then ``drafts``) at rows
+    ``offset:offset + n``: ids, positions, KV slots and block table per group, and
+    its logits rows when its context is complete after this step."""
+    start = state.num_computed_tokens
+    end = start + n
+    nd = len(drafts)
+    batch.input_ids[offset : offset + n - nd] = state.token_slice(start, end - nd)
+    batch.input_ids[offset + n - nd : offset + n] = drafts
+    pos = np.arange(start, end, dtype=np.int64)
+    batch.positions[offset : offset + n] = pos
+    num_groups = batch.slot_mapping.shape[0]
+    for g, ids in enumerate(state.group_block_ids(num_groups)):
+        blocks = np.asarray(ids, dtype=np.int64)
+        slots = blocks[pos // block_size] * block_size + pos % block_size
+        batch.slot_mapping[g, offset : offset + n] = slots
+        batch.block_tables[g, i, : len(ids)] = ids
+    batch.seq_lens[i] = end
+    batch.query_start_loc[i + 1] = batch.query_start_loc[i] + n
+    if end - nd >= state.num_tokens:
+        # The last own token and each draft: the rows that verify and sample.
+        batch.logits_rows.extend(range(offset + n - 1 - nd, offset + n))
+        batch.sample_req_ids.append(state.req_id)
+        batch.sample_drafts.append(list(drafts))
+
+
+def _attention_metadata(
+    batch: _FlatBatch, max_query_len: int, device: torch.device
+) -> AttentionMetadata:
+    """The step's metadata: one per KV cache group, the first carrying them all
+    (``group_metadata``) when there are several."""
+    num_groups, num_reqs = batch.block_tables.shape[:2]
+    qsl = torch.from_numpy(batch.query_start_loc).to(device)
+    seq_lens = torch.from_numpy(batch.seq_lens).to(device)
     groups = [
         AttentionMetadata(
-            num_actual_tokens=total,
-            max_query_len=max(counts, default=0),
-            max_seq_len=int(seq_lens.max()) if num_reqs else 0,
-            query_start_loc=qsl_t,
-            seq_lens=seq_lens_t,
-            block_tables=torch.from_numpy(block_tables[g]).to(device),
-            slot_mapping=torch.from_numpy(slot_mapping[g]).to(device),
-            query_start_loc_cpu=query_start_loc.tolist(),
-            seq_lens_cpu=seq_lens.tolist(),
+            num_actual_tokens=batch.input_ids.shape[0],
+            max_query_len=max_query_len,
+            max_seq_len=int(batch.seq_lens.max()) if num_reqs else 0,
+            query_start_loc=qsl,
+            seq_lens=seq_lens,
+            block_tables=torch.from_numpy(batch.block_tables[g]).to(device),
+            slot_mapping=torch.from_numpy(batch.slot_mapping[g]).to(device),
+            query_start_loc_cpu=batch.query_start_loc.tolist(),
+            seq_lens_cpu=batch.seq_lens.tolist(),
         )
-        for g in range(num_kv_groups)
+        for g in range(num_groups)
     ]
-    metadata = groups[0]
-    if num_kv_groups > 1:
-        metadata.group_metadata = tuple(groups)
-    return StepInputs(
-        input_ids=torch.from_numpy(input_ids).to(device),
-        positions=torch.from_numpy(positions).to(device),
-        attn_metadata=metadata,
-        req_ids=list(req_ids),
-        logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=device),
-        sample_req_ids=sample_req_ids,
-        num_scheduled=counts,
-        sample_drafts=sample_drafts,
-    )
+    if num_groups > 1:
+        groups[0].group_metadata = tuple(groups)
+    return groups[0]

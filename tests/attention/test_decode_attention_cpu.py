@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minivllm.attention.decode_graph import DECODE_INPUTS, decode_attention
+from minivllm.attention.decode_graph import decode_attention
+from minivllm.attention.forward_context import DecodeStep
 from minivllm.kernels import lowbit_cpu
 
 pytestmark = pytest.mark.skipif(not lowbit_cpu.available(), reason="no C++ compiler here")
@@ -38,14 +39,8 @@ def _run(layer: SimpleNamespace, native: bool, lens: list[int]) -> torch.Tensor:
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     last = seq_lens.long() - 1
     slots = table.gather(1, (last // BLOCK)[:, None]).squeeze(1).long() * BLOCK + last % BLOCK
-    inputs = DECODE_INPUTS
-    saved = (inputs.native_attention, inputs.seq_lens, inputs.block_tables, inputs.slots)
-    inputs.native_attention, inputs.seq_lens = native, seq_lens
-    inputs.block_tables, inputs.slots = [table.to(torch.int32)], [slots]
-    try:
-        return decode_attention(layer, query, key, value)
-    finally:
-        inputs.native_attention, inputs.seq_lens, inputs.block_tables, inputs.slots = saved
+    step = DecodeStep(seq_lens, [table.to(torch.int32)], [slots])
+    return decode_attention(layer, query, key, value, step, native)
 
 
 # Head size 16: the AVX-512 form where the CPU has it; 24: the plain C++ loops.

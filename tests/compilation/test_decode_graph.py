@@ -55,10 +55,9 @@ def test_decode_steps_run_in_the_graph_and_match_piecewise(llama: Any) -> None:
     graph = decode_graph(llama)
     assert graph is not None and graph.ready
     # Where minivllm's C++ kernels build, the graph's attention is their op.
-    from minivllm.attention.decode_graph import DECODE_INPUTS
     from minivllm.kernels import lowbit_cpu
 
-    assert DECODE_INPUTS.native_attention == lowbit_cpu.available()
+    assert graph.native_attention == lowbit_cpu.available()
     piecewise = run(llama, False, PROMPTS)
     steps = graph.num_steps
     on = run(llama, True, PROMPTS)
@@ -138,6 +137,11 @@ def test_not_with_parallelism(tiny_llama: Path) -> None:
             model=str(tiny_llama), skip_tokenizer_init=True, **kwargs
         ).create_engine_config()
         assert decode_graph_wanted(cfg, layers).startswith("tensor/pipeline")
+    # An fp8 KV cache is refused here too: this is the one place that decides.
+    cfg = EngineArgs(
+        model=str(tiny_llama), skip_tokenizer_init=True, kv_cache_dtype="fp8"
+    ).create_engine_config()
+    assert decode_graph_wanted(cfg, layers).startswith("fp8 KV cache")
 
 
 def test_low_bit_gguf_matches_piecewise(tmp_path: Path) -> None:

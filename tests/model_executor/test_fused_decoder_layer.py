@@ -1,7 +1,8 @@
 """The fused decoder layer (``minivllm_cpu::decoder_layer``) against the layer's own
 ops: a `LlamaDecoderLayer` with low-bit weights, run on one decode step both ways
-(the decode graph's attention inputs set by hand), gives the same outputs,
-residual stream and written KV cache."""
+(its attention a `DecodeAttention`, as in the decode graph's copy of the model, the
+step's inputs given by hand), gives the same outputs, residual stream and written
+KV cache."""
 
 from __future__ import annotations
 
@@ -9,9 +10,19 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from minivllm.attention.decode_graph import DECODE_INPUTS
+from minivllm.attention.decode_graph import DecodeAttention
+from minivllm.attention.forward_context import DecodeStep, ForwardContext, ForwardContextHandle
 from minivllm.kernels import lowbit_cpu
-from minivllm.model_executor.layers.fused_decoder_layer import fusable, fused_decoder_stack
+from minivllm.model_executor.layers.fused_decoder_layer import (
+    FusedDecoderLayer,
+    FusedDecoderStack,
+    RunByStack,
+    fusable,
+    fused_decoder_stack,
+    fused_layers,
+    layer_parts,
+)
+from minivllm.model_executor.layers.layernorm import RMSNorm
 from minivllm.model_executor.layers.quantized_linear import INT8, Q4
 from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from minivllm.model_executor.models.llama import AttnOptions, LlamaDecoderLayer
@@ -60,6 +71,37 @@ def _layer(kinds: tuple[int, int, int, int], rotary_dim: int, window: int | None
     return layer
 
 
+class _handle:
+    """A `ForwardContextHandle` lent ``step`` inside the block, as the decode graph's
+    compiled call lends it."""
+
+    def __init__(self, step: DecodeStep) -> None:
+        self.handle = ForwardContextHandle()
+        self.step = step
+
+    def __enter__(self) -> ForwardContextHandle:
+        self.handle.context = ForwardContext(None, decode_step=self.step)
+        return self.handle
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.context = None
+
+
+def _with_decode_attention(layer, handle: ForwardContextHandle):
+    """``layer`` with its attention inlined (`DecodeAttention`), restored after the call."""
+    attn = layer.self_attn
+
+    def run(*args):
+        original = attn.attn
+        attn.attn = DecodeAttention(original, handle, native=True)
+        try:
+            return layer(*args)
+        finally:
+            attn.attn = original
+
+    return run
+
+
 def _step(layer, lens: list[int], cache_dtype: torch.dtype, fused: bool, residual: bool):
     """One decode step of ``len(lens)`` requests; returns (out, residual, cache)."""
     gen = torch.Generator().manual_seed(3)
@@ -75,18 +117,13 @@ def _step(layer, lens: list[int], cache_dtype: torch.dtype, fused: bool, residua
     positions = seq_lens.long() - 1
     slots = table.gather(1, (positions // BLOCK)[:, None]).squeeze(1).long() * BLOCK
     slots += positions % BLOCK
-    inputs = DECODE_INPUTS
-    saved = (inputs.tracing, inputs.native_attention, inputs.seq_lens, inputs.block_tables,
-             inputs.slots)  # fmt: skip
-    inputs.tracing, inputs.native_attention, inputs.seq_lens = True, True, seq_lens
-    inputs.block_tables, inputs.slots = [table.to(torch.int32)], [slots]
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("MINIVLLM_CPU_FUSED_LAYERS", "1" if fused else "0")
-            out, new_res = layer(positions, hidden, res)
-    finally:
-        (inputs.tracing, inputs.native_attention, inputs.seq_lens, inputs.block_tables,
-         inputs.slots) = saved  # fmt: skip
+    step = DecodeStep(seq_lens, [table.to(torch.int32)], [slots])
+    with _handle(step) as handle:
+        if fused:
+            assert fusable(layer, torch.float32)
+            out, new_res = FusedDecoderLayer(layer, handle)(positions, hidden, res)
+        else:
+            out, new_res = _with_decode_attention(layer, handle)(positions, hidden, res)
     return out, new_res, layer.self_attn.attn.kv_cache
 
 
@@ -134,39 +171,33 @@ def test_fused_layer_on_lower_instruction_sets(force: int) -> None:
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
-def test_only_eligible_layers_fuse() -> None:
+def test_only_eligible_layers_fuse(monkeypatch: pytest.MonkeyPatch) -> None:
     layer = _layer((Q4, Q4, Q4, Q4), HD, None)
     attn = layer.self_attn
+    assert not fusable(layer, torch.float32)  # no KV cache bound yet
     attn.attn.kv_cache = torch.zeros(2, BLOCKS, BLOCK, NKV, HD)
-    norms = (layer.input_layernorm, layer.post_attention_layernorm)
-    linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-    hidden = torch.zeros(1, HIDDEN)
-
-    def ok(h: torch.Tensor = hidden, qk_norm: bool = False) -> bool:
-        return fusable(h, norms, linears, attn.attn, attn.rotary_emb, qk_norm)
-
-    inputs = DECODE_INPUTS
-    saved = inputs.tracing, inputs.native_attention
-    try:
-        inputs.tracing = False
-        assert not ok()  # outside the decode graph: the layer's own ops
-        inputs.tracing, inputs.native_attention = True, True
-        assert ok()
-        assert not ok(h=hidden.bfloat16())  # bfloat16 activations
-        assert not ok(qk_norm=True)  # Qwen3's q/k norms
-        attn.o_proj.bias = torch.nn.Parameter(torch.zeros(HIDDEN))
-        assert not ok()  # a bias (Qwen2)
-        attn.o_proj.bias = None
-        attn.attn.kv_cache = torch.zeros(2, BLOCKS, BLOCK, NKV, HD, dtype=torch.float16)
-        assert not ok()  # a cache dtype the kernels do not read
-    finally:
-        inputs.tracing, inputs.native_attention = saved
+    assert fusable(layer, torch.float32)
+    assert not fusable(layer, torch.bfloat16)  # bfloat16 activations
+    monkeypatch.setenv("MINIVLLM_CPU_FUSED_LAYERS", "0")
+    assert not fusable(layer, torch.float32)
+    monkeypatch.delenv("MINIVLLM_CPU_FUSED_LAYERS")
+    attn.q_norm = RMSNorm(HD, 1e-5)
+    assert not fusable(layer, torch.float32)  # Qwen3's q/k norms
+    attn.q_norm = None
+    attn.o_proj.bias = torch.nn.Parameter(torch.zeros(HIDDEN))
+    assert not fusable(layer, torch.float32)  # a bias (Qwen2)
+    attn.o_proj.bias = None
+    attn.attn.kv_cache = torch.zeros(2, BLOCKS, BLOCK, NKV, HD, dtype=torch.float16)
+    assert not fusable(layer, torch.float32)  # a cache dtype the kernels do not read
+    attn.attn.kv_cache = torch.zeros(2, BLOCKS, BLOCK, NKV, HD)
+    layer.block_form = "other"  # a layer that does not declare what it computes
+    assert not fusable(layer, torch.float32)
 
 
 def test_stack_of_layers_matches_layer_by_layer() -> None:
-    """``decoder_stack`` (the decode graph's one call a step) against the layers one
-    by one, each writing its own KV cache; layers that differ in a shared setting
-    are not stacked."""
+    """``decoder_stack`` (the decode graph's one call a step) against the fused
+    layers one by one, each writing its own KV cache; layers that differ in a shared
+    setting are not stacked."""
     layers = [_layer(kinds, HD, None) for kinds in ((Q4,) * 4, (INT8,) * 4, (Q4, INT8, Q4, Q4))]
     rotary = layers[0].self_attn.rotary_emb
     for layer in layers:
@@ -174,9 +205,6 @@ def test_stack_of_layers_matches_layer_by_layer() -> None:
     lens = [6, 15]
     gen = torch.Generator().manual_seed(5)
     hidden = torch.randn(len(lens), HIDDEN, generator=gen)
-    inputs = DECODE_INPUTS
-    saved = (inputs.tracing, inputs.native_attention, inputs.seq_lens, inputs.block_tables,
-             inputs.slots)  # fmt: skip
 
     def caches() -> list[torch.Tensor]:
         g = torch.Generator().manual_seed(7)
@@ -187,26 +215,30 @@ def test_stack_of_layers_matches_layer_by_layer() -> None:
     positions = seq_lens.long() - 1
     slots = table.gather(1, (positions // BLOCK)[:, None]).squeeze(1).long() * BLOCK
     slots += positions % BLOCK
-    try:
-        inputs.tracing, inputs.native_attention, inputs.seq_lens = True, True, seq_lens
-        inputs.block_tables, inputs.slots = [table], [slots]
-        want_caches = caches()
-        h, r = hidden, None
+    step = DecodeStep(seq_lens, [table], [slots])
+    want_caches = caches()
+    h, r = hidden, None
+    with _handle(step) as handle:
         for layer, cache in zip(layers, want_caches, strict=True):
             layer.self_attn.attn.kv_cache = cache
-            h, r = layer(positions, h, r)
-        got_caches = caches()
-        for layer, cache in zip(layers, got_caches, strict=True):
-            layer.self_attn.attn.kv_cache = cache
-        parts = [layer.fused_parts() for layer in layers]
-        got = fused_decoder_stack(positions, hidden, parts)
-        assert got is not None
-        torch.testing.assert_close(got[0], h, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got[1], r, rtol=1e-5, atol=1e-5)
-        for g, w in zip(got_caches, want_caches, strict=True):
-            assert torch.equal(g, w)
-        layers[1].self_attn.attn.sliding_window = 4
-        assert fused_decoder_stack(positions, hidden, [la.fused_parts() for la in layers]) is None
-    finally:
-        (inputs.tracing, inputs.native_attention, inputs.seq_lens, inputs.block_tables,
-         inputs.slots) = saved  # fmt: skip
+            h, r = FusedDecoderLayer(layer, handle)(positions, h, r)
+    got_caches = caches()
+    for layer, cache in zip(layers, got_caches, strict=True):
+        layer.self_attn.attn.kv_cache = cache
+    got = fused_decoder_stack(positions, hidden, [layer_parts(la) for la in layers], step)
+    torch.testing.assert_close(got[0], h, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], r, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got_caches, want_caches, strict=True):
+        assert torch.equal(g, w)
+    # All fusable and alike: one stack in the first place, the others pass on.
+    handle = ForwardContextHandle()
+    plan = fused_layers(layers, torch.float32, handle)
+    assert isinstance(plan[0], FusedDecoderStack)
+    assert all(isinstance(p, RunByStack) for p in plan[1:])
+    # A layer that differs in a shared setting: each layer fused on its own.
+    layers[1].self_attn.attn.sliding_window = 4
+    plan = fused_layers(layers, torch.float32, handle)
+    assert all(isinstance(p, FusedDecoderLayer) for p in plan)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINIVLLM_CPU_FUSED_LAYERS", "0")
+        assert fused_layers(layers, torch.float32, handle) == [None] * len(layers)

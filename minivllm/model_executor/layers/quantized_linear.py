@@ -47,7 +47,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.attention.decode_graph import DECODE_INPUTS
 from minivllm.kernels import lowbit_cpu
 from minivllm.model_executor.layers.gguf_blocks import (
     INT4_TYPES,
@@ -234,16 +233,22 @@ def lowbit_linear(
 ) -> torch.Tensor:
     """`lowbit_linear_impl` in eager mode; while Dynamo traces, the opaque
     ``minivllm::lowbit_linear`` op, which picks its kernel by row count at run
-    time.  The CPU decode graph (at most `Q4_MAX_TOKENS` rows: always the q4
-    kernel) calls ``minivllm_cpu::q4_gemm`` itself instead, which saves the
-    Python dispatch of the op, ~20 us a call, 120 calls a step on the default
-    model."""
+    time (the CPU decode graph, which never has more than `Q4_MAX_TOKENS` rows,
+    calls the int4 kernel directly instead: `q4_kernel_linear`)."""
     if not torch.compiler.is_compiling():
         return lowbit_linear_impl(x, qweight, scales, bias, kind)
-    if kind == Q4 and DECODE_INPUTS.tracing:
-        out = torch.ops.minivllm_cpu.q4_gemm(x.reshape(-1, x.shape[-1]), qweight, scales)
-        return _as_output(out, x, bias)
     return lowbit_linear_op(x, qweight, scales, bias, kind)
+
+
+def q4_kernel_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x @ W.T + bias`` for a ``Q4`` weight as one ``minivllm_cpu::q4_gemm`` call,
+    for at most `Q4_MAX_TOKENS` rows.  Traced into a graph, it saves the Python
+    dispatch of ``minivllm::lowbit_linear``, ~20 us a call, 120 calls a step on
+    the default model."""
+    out = torch.ops.minivllm_cpu.q4_gemm(x.reshape(-1, x.shape[-1]), qweight, scales)
+    return _as_output(out, x, bias)
 
 
 INT_MM_MIN_TOKENS = 8
@@ -372,6 +377,7 @@ __all__ = [
     "PLAIN_TABLE",
     "dequantize_weight",
     "lowbit_linear",
+    "q4_kernel_linear",
     "lowbit_logits",
     "quantize_parts",
     "refine_top_logits",

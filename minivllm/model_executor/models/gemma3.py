@@ -16,15 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.attention.decode_graph import decode_layer_boundary
-from minivllm.attention.layer import Attention
 from minivllm.model_executor.layers.activation import GeluAndMul
 from minivllm.model_executor.layers.layernorm import GemmaRMSNorm
-from minivllm.model_executor.layers.linear import (
-    MergedColumnParallelLinear,
-    QKVParallelLinear,
-    RowParallelLinear,
-)
+from minivllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from minivllm.model_executor.layers.rotary_attention import RotaryAttention
 from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
 from minivllm.model_executor.layers.vocab_embedding import (
     LogitsProcessor,
@@ -70,7 +65,7 @@ def gemma3_rope_parameters(config: Any, layer_type: str) -> dict[str, Any]:
 
 
 class Gemma3MLP(nn.Module):
-    """GeGLU MLP: ``down(gelu_tanh(gate(x)) * up(x))``, gate and up fused."""
+    """GeGLU MLP: ``down(gelu_tanh(gate(x)) * up(x))``, gate and up stacked."""
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -86,44 +81,30 @@ class Gemma3MLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
-class Gemma3Attention(nn.Module):
-    """QKV projection, q/k norms, the layer type's rotary embedding, paged attention."""
+class Gemma3Attention(RotaryAttention):
+    """QKV projection, q/k norms, the layer type's rotary embedding, paged attention
+    (`RotaryAttention`), queries scaled by ``query_pre_attn_scalar ** -0.5``."""
 
     def __init__(
         self, config: Any, rotary_emb: RotaryEmbedding, sliding_window: int | None, prefix: str
     ) -> None:
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, bias
-        )
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias)
-        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
-        self.rotary_emb = rotary_emb
         if getattr(config, "attn_logit_softcapping", None):
             raise ValueError("attention logit soft-capping (Gemma 2) is not supported")
-        self.attn = Attention(
-            self.num_heads,
-            self.head_dim,
-            config.query_pre_attn_scalar**-0.5,
-            self.num_kv_heads,
-            prefix=maybe_prefix(prefix, "attn"),
+        bias = bool(getattr(config, "attention_bias", False))
+        eps = config.rms_norm_eps
+        super().__init__(
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            rotary_emb,
+            scale=config.query_pre_attn_scalar**-0.5,
+            prefix=prefix,
+            qkv_bias=bias,
+            o_bias=bias,
+            qk_norm=lambda size: GemmaRMSNorm(size, eps),
             sliding_window=sliding_window,
         )
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        t = q.shape[0]
-        q = self.q_norm(q.reshape(t, self.num_heads, self.head_dim)).view(t, self.q_size)
-        k = self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).view(t, self.kv_size)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v.contiguous()))
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -178,8 +159,8 @@ class Gemma3Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * self.normalizer.to(hidden.dtype)
-        for i, layer in enumerate(self.layers):
-            hidden = decode_layer_boundary(layer(positions, hidden), i)
+        for layer in self.layers:
+            hidden = layer(positions, hidden)
         return self.norm(hidden)
 
 

@@ -13,22 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.attention.decode_graph import DECODE_INPUTS, decode_layer_boundary
-from minivllm.attention.layer import Attention
-from minivllm.distributed import get_pp_group, get_tp_group
+from minivllm.distributed import get_pp_group
 from minivllm.model_executor.layers.activation import SiluAndMul
-from minivllm.model_executor.layers.fused_decoder_layer import (
-    LayerParts,
-    fusable,
-    fused_decoder_layer,
-    fused_decoder_stack,
-)
+from minivllm.model_executor.layers.block_form import PRE_NORM_SWIGLU
 from minivllm.model_executor.layers.layernorm import RMSNorm
-from minivllm.model_executor.layers.linear import (
-    MergedColumnParallelLinear,
-    QKVParallelLinear,
-    RowParallelLinear,
-)
+from minivllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from minivllm.model_executor.layers.rotary_attention import RotaryAttention
 from minivllm.model_executor.layers.rotary_embedding import (
     RotaryEmbedding,
     get_rope,
@@ -66,7 +56,7 @@ def head_dim_of(config: Any) -> int:
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU MLP with the gate and up projections fused."""
+    """SwiGLU MLP with the gate and up projections stacked in one matrix."""
 
     def __init__(self, config: Any, prefix: str = "") -> None:
         super().__init__()
@@ -82,56 +72,34 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
-class LlamaAttention(nn.Module):
-    """Fused QKV projection, rotary embedding, paged attention, output projection."""
+class LlamaAttention(RotaryAttention):
+    """Stacked QKV projection, rotary embedding, paged attention, output projection
+    (`RotaryAttention` with the family's options)."""
 
     def __init__(
         self, config: Any, rotary_emb: RotaryEmbedding, opts: AttnOptions, prefix: str
     ) -> None:
-        super().__init__()
-        total_heads = config.num_attention_heads
-        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
-        # This rank's heads under tensor parallelism (KV heads replicated when fewer
-        # than ranks); the projections are built whole and sharded by the loader.
-        tp_size = get_tp_group().world_size
-        self.num_heads = total_heads // tp_size
-        self.num_kv_heads = max(1, total_kv_heads // tp_size)
-        self.head_dim = head_dim_of(config)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, total_heads, total_kv_heads, opts.qkv_bias
+        head_dim = head_dim_of(config)
+        eps = config.rms_norm_eps
+        super().__init__(
+            config.hidden_size,
+            config.num_attention_heads,
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            head_dim,
+            rotary_emb,
+            scale=head_dim**-0.5,
+            prefix=prefix,
+            qkv_bias=opts.qkv_bias,
+            o_bias=opts.o_bias,
+            qk_norm=(lambda size: RMSNorm(size, eps)) if opts.qk_norm else None,
         )
-        self.o_proj = RowParallelLinear(
-            total_heads * self.head_dim, config.hidden_size, opts.o_bias
-        )
-        self.rotary_emb = rotary_emb
-        if opts.qk_norm:
-            self.q_norm: RMSNorm | None = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm: RMSNorm | None = RMSNorm(self.head_dim, config.rms_norm_eps)
-        else:
-            self.q_norm = self.k_norm = None
-        self.attn = Attention(
-            self.num_heads,
-            self.head_dim,
-            self.head_dim**-0.5,
-            self.num_kv_heads,
-            prefix=maybe_prefix(prefix, "attn"),
-        )
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None and self.k_norm is not None:
-            t = q.shape[0]
-            q = self.q_norm(q.reshape(t, self.num_heads, self.head_dim)).view(t, self.q_size)
-            k = self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).view(t, self.kv_size)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v.contiguous()))
 
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention + MLP block; carries the residual stream through the norms."""
+
+    block_form = PRE_NORM_SWIGLU
+    """What the layer computes (`minivllm.model_executor.layers.block_form`)."""
 
     def __init__(
         self, config: Any, rotary_emb: RotaryEmbedding, opts: AttnOptions, prefix: str
@@ -148,9 +116,6 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.fuses(hidden):
-            # CPU decode graph: the whole layer as one C++ call.
-            return fused_decoder_layer(positions, hidden, residual, *self.fused_parts())
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -159,20 +124,6 @@ class LlamaDecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
-
-    def fused_parts(self) -> LayerParts:
-        """``(norms, linears, attn, rotary)``: what the fused C++ layer reads."""
-        attn = self.self_attn
-        norms = (self.input_layernorm, self.post_attention_layernorm)
-        linears = (attn.qkv_proj, attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
-        return norms, linears, attn.attn, attn.rotary_emb
-
-    def fuses(self, hidden: torch.Tensor) -> bool:
-        """Whether this layer runs as one fused C++ call in the trace under way
-        (`minivllm.model_executor.layers.fused_decoder_layer`)."""
-        if not DECODE_INPUTS.tracing:  # every eager forward asks: answer without work
-            return False
-        return fusable(hidden, *self.fused_parts(), self.self_attn.q_norm is not None)
 
 
 class PPMissingLayer(nn.Identity):
@@ -191,7 +142,7 @@ class LlamaModel(nn.Module):
 
     Under pipeline parallelism a stage holds only its layers; a stage other than the
     first receives the residual stream from the one before, and a stage other than
-    the last sends ``hidden + residual`` on (the next layer's fused add-norm would
+    the last sends ``hidden + residual`` on (the next layer's add-norm would
     form exactly that sum) and returns it in place of the final hidden states.
     """
 
@@ -223,17 +174,8 @@ class LlamaModel(nn.Module):
             width, dtype = self.norm.weight.shape[0], self.norm.weight.dtype
             hidden = pp.recv(input_ids, width, dtype, pp.prev_rank)
         residual = None
-        layers = self.layers[self.start_layer : self.end_layer]
-        stack = None
-        if len(layers) and all(layer.fuses(hidden) for layer in layers):
-            # CPU decode graph, every layer fusable: all of them as one C++ call.
-            stack = fused_decoder_stack(positions, hidden, [lay.fused_parts() for lay in layers])
-        if stack is not None:
-            hidden, residual = stack
-        else:
-            for i, layer in enumerate(layers):
-                hidden, residual = layer(positions, hidden, residual)
-                hidden = decode_layer_boundary(hidden, i, fused=layer.fuses(hidden))
+        for layer in self.layers[self.start_layer : self.end_layer]:
+            hidden, residual = layer(positions, hidden, residual)
         if not pp.is_last_rank:
             stream = hidden if residual is None else hidden + residual
             return pp.send(stream, pp.next_rank)

@@ -14,7 +14,7 @@ from minivllm.model_executor.layers.utils import get_weight_loader
 logger = init_logger(__name__)
 
 StackedMapping = list[tuple[str, str, str | int]]
-"""(our fused param fragment, checkpoint fragment, shard id) triples."""
+"""(our stacked param fragment, checkpoint fragment, shard id) triples."""
 
 LLAMA_STACKED_PARAMS: StackedMapping = [
     (".qkv_proj", ".q_proj", "q"),
@@ -23,7 +23,7 @@ LLAMA_STACKED_PARAMS: StackedMapping = [
     (".gate_up_proj", ".gate_proj", 0),
     (".gate_up_proj", ".up_proj", 1),
 ]
-"""HF Llama-family projections that our layers hold fused."""
+"""HF Llama-family projections that our layers hold stacked in one matrix."""
 
 
 @contextmanager
@@ -52,7 +52,7 @@ def load_weights_stacked(
 ) -> set[str]:
     """Copy checkpoint tensors (HF names) into ``model``'s parameters.
 
-    Names matching a ``stacked`` fragment go into the fused parameter through its
+    Names matching a ``stacked`` fragment go into the stacked parameter through its
     shard-aware weight loader.  Checkpoint names starting with ``skip_prefixes``
     and unknown names are ignored (the latter logged).  Raises ValueError when a
     parameter other than ``optional_params`` received nothing.
@@ -63,10 +63,10 @@ def load_weights_stacked(
     for name, tensor in weights:
         if name.startswith(skip_prefixes) or "rotary_emb.inv_freq" in name:
             continue
-        for fused, part, shard_id in stacked:
+        for whole, part, shard_id in stacked:
             if part not in name:
                 continue
-            target = name.replace(part, fused)
+            target = name.replace(part, whole)
             if target not in params:
                 continue
             param = params[target]

@@ -41,21 +41,23 @@ class GraphAttentionBuffers:
             slot_mapping=self.slot_mapping[:num_tokens],
         )
 
-    def fill(self, md: AttentionMetadata | None, num_tokens: int) -> None:
+    def fill(self, attn_metadata: AttentionMetadata | None, num_tokens: int) -> None:
         """Copy the step's metadata in; rows past it (and everything, for None) become
         padding that writes and reads nothing."""
         self.slot_mapping[:num_tokens].fill_(-1)
         self.seq_lens.zero_()
         self.query_start_loc.zero_()
-        if md is None:
+        if attn_metadata is None:
             return
-        n = md.slot_mapping.shape[0]
-        r = md.seq_lens.shape[0]
-        self.slot_mapping[:n].copy_(md.slot_mapping)
-        self.seq_lens[:r].copy_(md.seq_lens)
-        self.query_start_loc[: r + 1].copy_(md.query_start_loc)
-        self.query_start_loc[r + 1 :].fill_(md.num_actual_tokens)
-        self.block_tables[:r, : md.block_tables.shape[1]].copy_(md.block_tables)
+        n = attn_metadata.slot_mapping.shape[0]
+        r = attn_metadata.seq_lens.shape[0]
+        self.slot_mapping[:n].copy_(attn_metadata.slot_mapping)
+        self.seq_lens[:r].copy_(attn_metadata.seq_lens)
+        self.query_start_loc[: r + 1].copy_(attn_metadata.query_start_loc)
+        self.query_start_loc[r + 1 :].fill_(attn_metadata.num_actual_tokens)
+        self.block_tables[:r, : attn_metadata.block_tables.shape[1]].copy_(
+            attn_metadata.block_tables
+        )
 
 
 __all__ = ["GraphAttentionBuffers"]

@@ -140,20 +140,20 @@ def unified_kv_cache_update_impl(
 ) -> torch.Tensor:
     """Write this step's K/V into the layer's cache (no-op without metadata)."""
     ctx = get_forward_context()
-    md = ctx.attn_metadata
-    if md is not None:
+    attn_metadata = ctx.attn_metadata
+    if attn_metadata is not None:
         layer = _lookup(layer_name)
         if layer.kv_cache is None:
             raise RuntimeError(
                 f"{layer_name}: no KV cache bound; call bind_kv_caches before running "
                 "with attention metadata"
             )
-        md = metadata_for_layer(md, layer)
-        t = md.num_actual_tokens
+        attn_metadata = metadata_for_layer(attn_metadata, layer)
+        t = attn_metadata.num_actual_tokens
         k = key[:t].view(t, layer.num_kv_heads, layer.head_size)
         v = value[:t].view(t, layer.num_kv_heads, layer.head_size)
         layer.maybe_compute_kv_scales(k, v)
-        layer.impl.write_kv(layer, k, v, md)
+        layer.impl.write_kv(layer, k, v, attn_metadata)
     return torch.empty(0, dtype=key.dtype, device=key.device)
 
 
@@ -167,20 +167,20 @@ def unified_attention_with_output_impl(
 ) -> None:
     """Attention for the layer ``layer_name``, written into ``output``."""
     layer = _lookup(layer_name)
-    md = get_forward_context().attn_metadata
-    if md is not None:
-        md = metadata_for_layer(md, layer)
-    t = query.shape[0] if md is None else md.num_actual_tokens
+    attn_metadata = get_forward_context().attn_metadata
+    if attn_metadata is not None:
+        attn_metadata = metadata_for_layer(attn_metadata, layer)
+    t = query.shape[0] if attn_metadata is None else attn_metadata.num_actual_tokens
     nh, nkv, hd = layer.num_heads, layer.num_kv_heads, layer.head_size
     out = output[:t].view(t, nh, hd)
-    if md is not None and t < output.shape[0]:
+    if attn_metadata is not None and t < output.shape[0]:
         output[t:].zero_()
     layer.impl.forward(
         layer,
         query[:t].view(t, nh, hd),
         key[:t].view(t, nkv, hd),
         value[:t].view(t, nkv, hd),
-        md,
+        attn_metadata,
         out,
     )
 

@@ -52,10 +52,10 @@ class AttentionMetadata:
         return self.max_query_len == 1
 
 
-def metadata_for_layer(md: AttentionMetadata, layer: Any) -> AttentionMetadata:
+def metadata_for_layer(attn_metadata: AttentionMetadata, layer: Any) -> AttentionMetadata:
     """The metadata of the KV cache group ``layer`` belongs to."""
     # getattr: layers never bound to a grouped cache (tests) have no kv_group.
     group = getattr(layer, "kv_group", 0)
-    if md.group_metadata is None or group == 0:
-        return md
-    return md.group_metadata[group]
+    if attn_metadata.group_metadata is None or group == 0:
+        return attn_metadata
+    return attn_metadata.group_metadata[group]

@@ -45,13 +45,13 @@ class LLMEngine:
         from minivllm.tokenizer import get_tokenizer
 
         self.vllm_config = vllm_config
-        mc = vllm_config.model_config
-        if mc is None:
+        model_config = vllm_config.model_config
+        if model_config is None:
             raise ValueError("LLMEngine needs a VllmConfig with a model_config; name a model.")
-        self.model_config = mc
+        self.model_config = model_config
         self.tokenizer = None
-        if not mc.skip_tokenizer_init:
-            self.tokenizer = get_tokenizer(mc.tokenizer or mc.model)
+        if not model_config.skip_tokenizer_init:
+            self.tokenizer = get_tokenizer(model_config.tokenizer or model_config.model)
         self.executor = get_executor_class(vllm_config)(vllm_config)
         parallel = vllm_config.parallel_config
         self.batch_queue: deque[tuple[SchedulerOutput, Any]] = deque()

@@ -51,11 +51,11 @@ class LLM:
         from minivllm.engine.stat_logger import LoggingStatLogger
         from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 
-        mc = vllm_config.model_config
+        model_config = vllm_config.model_config
         self._registry = CollectorRegistry()
         prometheus = PrometheusStatLogger(
-            mc.served_model_name,
-            mc.max_model_len,
+            model_config.served_model_name,
+            model_config.max_model_len,
             self._registry,
             vllm_config.num_speculative_tokens,
         )

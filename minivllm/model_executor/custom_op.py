@@ -55,12 +55,16 @@ class CustomOp(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        cc = current_compilation_config()
-        if cc is None:
+        compilation_config = current_compilation_config()
+        if compilation_config is None:
             self.use_optimized = True
         else:
-            self.use_optimized = custom_op_enabled(cc, self.name)
-            counter = cc.enabled_custom_ops if self.use_optimized else cc.disabled_custom_ops
+            self.use_optimized = custom_op_enabled(compilation_config, self.name)
+            counter = (
+                compilation_config.enabled_custom_ops
+                if self.use_optimized
+                else compilation_config.disabled_custom_ops
+            )
             counter[self.name] += 1
         self._forward_method: Callable[..., Any] = (
             self.forward_optimized if self.use_optimized else self.forward_native

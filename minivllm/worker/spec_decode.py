@@ -65,29 +65,31 @@ class SpecDecoder:
 
         target = self.vllm_config.model_config
         if self.spec.model == target.model:
-            mc = target
+            model_config = target
         else:
             # The draft is loaded dequantized (see `load_model` below), GGUF or not.
-            mc = ModelConfig(model=self.spec.model, dtype=target.dtype, quantization="none")
-        vocab = mc.get_vocab_size()
+            model_config = ModelConfig(
+                model=self.spec.model, dtype=target.dtype, quantization="none"
+            )
+        vocab = model_config.get_vocab_size()
         if vocab != target_vocab_size:
             raise ValueError(
                 f"the draft model {self.spec.model!r} has a vocabulary of {vocab} tokens but "
                 f"the target has {target_vocab_size}; the draft must share the target's "
                 "tokenizer."
             )
-        self.model_config = mc
-        self.spec.draft_model_config = mc
+        self.model_config = model_config
+        self.spec.draft_model_config = model_config
         self.spec.target_model_config = target
         # Past its own context the draft's guesses are worthless: stop drafting there.
-        if mc.max_model_len is not None:
-            self.max_model_len = min(self.max_model_len, mc.max_model_len)
-        logger.info("speculative decoding: loading the draft model %s", mc.model)
+        if model_config.max_model_len is not None:
+            self.max_model_len = min(self.max_model_len, model_config.max_model_len)
+        logger.info("speculative decoding: loading the draft model %s", model_config.model)
         # Loaded outside the current config, so its attention layers stay out of the
         # target's forward context (same layer names).
         self.model = load_model(
-            mc.model,
-            mc.hf_config,
+            model_config.model,
+            model_config.hf_config,
             target.dtype,
             load_format=self.vllm_config.load_config.load_format,
             device=self.device,
@@ -97,27 +99,27 @@ class SpecDecoder:
     def kv_cache_bytes_per_block(self, block_size: int) -> int:
         if self.model is None:
             return 0
-        mc = self.model_config
+        model_config = self.model_config
         return kv_cache_bytes_per_block(
             block_size,
-            mc.get_total_num_kv_heads(),
-            mc.get_head_size(),
-            mc.dtype,
+            model_config.get_total_num_kv_heads(),
+            model_config.get_head_size(),
+            model_config.dtype,
             num_layers=len(self.attn_layers),
         )
 
     def initialize_kv_cache(self, num_blocks: int, block_size: int) -> None:
         if self.model is None:
             return
-        mc = self.model_config
+        model_config = self.model_config
         self.block_size = block_size
         self.kv_caches = allocate_kv_caches(
             len(self.attn_layers),
             num_blocks,
             block_size,
-            mc.get_total_num_kv_heads(),
-            mc.get_head_size(),
-            mc.dtype,
+            model_config.get_total_num_kv_heads(),
+            model_config.get_head_size(),
+            model_config.dtype,
             self.device,
         )
         bind_kv_caches(self.attn_layers, self.kv_caches)
@@ -230,7 +232,7 @@ class SpecDecoder:
             seq_lens.append(start + len(tokens))
             tables[i, : len(state.block_ids)] = state.block_ids
         dev = self.device
-        md = AttentionMetadata(
+        attn_metadata = AttentionMetadata(
             num_actual_tokens=len(ids),
             max_query_len=max(len(t) for _, _, t in items),
             max_seq_len=max(seq_lens),
@@ -241,7 +243,7 @@ class SpecDecoder:
             query_start_loc_cpu=starts,
             seq_lens_cpu=seq_lens,
         )
-        with set_forward_context(md, self.attn_layers):
+        with set_forward_context(attn_metadata, self.attn_layers):
             hidden = self.model(
                 torch.tensor(ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev),

@@ -58,12 +58,12 @@ def run_schedule(layer, block_size, seqs, chunks, seed=0, padded=0):
         parts = [(q_all[i][done[i] : s], k_all[i][done[i] : s], v_all[i][done[i] : s])
                  for i, s in zip(reqs, s_lens, strict=True)]  # fmt: skip
         n = sum(q_lens)
-        md = build_attention_metadata(
+        attn_metadata = build_attention_metadata(
             q_lens, s_lens, [tables[i] for i in reqs], block_size, num_padded_tokens=n + padded
         )
         q, k, v = (torch.cat([p[j] for p in parts]).flatten(1) for j in range(3))
         pad = lambda x: torch.cat([x, torch.randn(padded, x.shape[1])])  # noqa: E731
-        with set_forward_context(md, {layer.layer_name: layer}):
+        with set_forward_context(attn_metadata, {layer.layer_name: layer}):
             out = layer(pad(q), pad(k), pad(v))
         assert out.shape == (n + padded, NH * HD)
         assert torch.all(out[n:] == 0)
@@ -119,20 +119,22 @@ def test_step_plan_is_built_once_per_step(monkeypatch):
     calls = []
     real = cpu_sdpa.build_step_plan
     monkeypatch.setattr(
-        cpu_sdpa, "build_step_plan", lambda md, bs, w=None: calls.append(md) or real(md, bs, w)
+        cpu_sdpa,
+        "build_step_plan",
+        lambda attn_metadata, bs, w=None: calls.append(attn_metadata) or real(attn_metadata, bs, w),
     )
     layers = [make_layer(block_size=4), make_layer(block_size=4)]
     layers[1].layer_name = "l1.attn"
     q, k, v = random_seqs([6, 6], seed=4)
     for step in range(2):
-        md = build_attention_metadata([3, 3], [3 * step + 3] * 2, [[0, 1], [2, 3]], 4)
+        attn_metadata = build_attention_metadata([3, 3], [3 * step + 3] * 2, [[0, 1], [2, 3]], 4)
         ctx = {layer.layer_name: layer for layer in layers}
         rows = slice(3 * step, 3 * step + 3)
         flat = [torch.cat([x[0][rows], x[1][rows]]).flatten(1) for x in (q, k, v)]
-        with set_forward_context(md, ctx):
+        with set_forward_context(attn_metadata, ctx):
             for layer in layers:
                 layer(*flat)
-        assert len(calls) == step + 1 and calls[-1] is md
+        assert len(calls) == step + 1 and calls[-1] is attn_metadata
 
 
 def test_pure_decode_batch_matches_dense():
@@ -182,7 +184,7 @@ def test_no_metadata_runs_causal_without_cache():
 
 def test_custom_ops_trace_with_fake_tensors():
     layer = make_layer(block_size=4)
-    md = build_attention_metadata([5], [5], [[2, 0]], 4)
+    attn_metadata = build_attention_metadata([5], [5], [[2, 0]], 4)
     q, k, v = (x[0].flatten(1) for x in random_seqs([5]))
 
     def fn(q, k, v):
@@ -191,7 +193,7 @@ def test_custom_ops_trace_with_fake_tensors():
         torch.ops.minivllm.unified_attention_with_output(q, k, v, out, "l0.attn", dep)
         return out
 
-    with set_forward_context(md, {layer.layer_name: layer}):
+    with set_forward_context(attn_metadata, {layer.layer_name: layer}):
         compiled = torch.compile(fn, backend="eager", fullgraph=True)
         got = compiled(q, k, v)
     ref = dense_reference(*(x[0] for x in random_seqs([5])))
@@ -241,17 +243,17 @@ def test_sliding_window_matches_windowed_reference_and_skips_old_blocks():
     chunks = [[10, 6, 1, 1, 1, 1, 1, 1, 1], [5, 8, 1, 1, 1, 1, 1, 1], [3, 3, 1, 1, 1]]
     original_forward = layer.impl.forward
 
-    def forward_with_stale_blocks(lyr, query, key, value, md, output):
+    def forward_with_stale_blocks(lyr, query, key, value, attn_metadata, output):
         # Overwrite every block that lies wholly before the window of a request's first
         # query this step: attention must not depend on them.
         for i, (start, seq_len) in enumerate(
-            zip(md.query_start_loc_cpu[:-1], md.seq_lens_cpu, strict=True)
+            zip(attn_metadata.query_start_loc_cpu[:-1], attn_metadata.seq_lens_cpu, strict=True)
         ):
-            q_len = md.query_start_loc_cpu[i + 1] - start
+            q_len = attn_metadata.query_start_loc_cpu[i + 1] - start
             first_key = max(0, seq_len - q_len - window + 1)
-            for b in md.block_tables[i][: first_key // bs].tolist():
+            for b in attn_metadata.block_tables[i][: first_key // bs].tolist():
                 lyr.kv_cache[:, b] = 1e3 * torch.randn_like(lyr.kv_cache[:, b])
-        return original_forward(lyr, query, key, value, md, output)
+        return original_forward(lyr, query, key, value, attn_metadata, output)
 
     layer.impl.forward = forward_with_stale_blocks
     outs = run_schedule(layer, bs, seqs, chunks, seed=3)

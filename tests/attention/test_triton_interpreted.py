@@ -44,27 +44,27 @@ SCRIPT = textwrap.dedent(
         # Two prefills (one of them a later chunk) around two decodes, padded to 32 rows.
         q_lens, s_lens = [5, 1, 1, 17], [5, 30, 7, 40]
         tables = [[3], [0, 1], [2], [4, 5, 6]]
-        md = build_attention_metadata(q_lens, s_lens, tables, bs, num_padded_tokens=32)
-        t = md.num_actual_tokens
+        attn_metadata = build_attention_metadata(q_lens, s_lens, tables, bs, num_padded_tokens=32)
+        t = attn_metadata.num_actual_tokens
         torch.manual_seed(0)
         cache0 = torch.randn(2, 8, bs, nkv, hd)
         q, k, v = torch.randn(32, nh, hd), torch.randn(32, nkv, hd), torch.randn(32, nkv, hd)
-        triton_md = md
+        triton_metadata = attn_metadata
         if graph:
             # As a FULL CUDA graph sees it: the metadata copied into the backend's
             # persistent buffers (sized for more requests and blocks than this step has).
             buffers = TritonPagedBackend.make_graph_buffers(8, 6, 64, torch.device("cpu"))
-            buffers.fill(md, 32)
-            triton_md = buffers.metadata(32)
+            buffers.fill(attn_metadata, 32)
+            triton_metadata = buffers.metadata(32)
         outs = []
-        for backend, rows, step_md in (
-            (CpuSdpaBackend(), t, md), (TritonPagedBackend(), 32, triton_md)
+        for backend, rows, step_metadata in (
+            (CpuSdpaBackend(), t, attn_metadata), (TritonPagedBackend(), 32, triton_metadata)
         ):
             layer = Layer()
             layer.kv_cache = cache0.clone()
-            backend.write_kv(layer, k[:rows], v[:rows], step_md)
+            backend.write_kv(layer, k[:rows], v[:rows], step_metadata)
             out = torch.zeros(rows, nh, hd)
-            backend.forward(layer, q[:rows], k[:rows], v[:rows], step_md, out)
+            backend.forward(layer, q[:rows], k[:rows], v[:rows], step_metadata, out)
             outs.append((out, layer.kv_cache))
         (ref, ref_cache), (got, got_cache) = outs
         # Padding rows (slot -1) write nothing, so the caches agree exactly.

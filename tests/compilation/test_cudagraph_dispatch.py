@@ -64,22 +64,29 @@ def test_cpu_platform_resolves_cudagraph_mode_to_none() -> None:
 
 
 def test_pad_step_inputs_marks_padding_slots() -> None:
-    md = build_attention_metadata([2, 1], [2, 5], [[0], [1, 2]], block_size=4)
-    ids, pos, padded_md = pad_step_inputs(torch.tensor([5, 6, 7]), torch.tensor([0, 1, 4]), md, 8)
+    attn_metadata = build_attention_metadata([2, 1], [2, 5], [[0], [1, 2]], block_size=4)
+    ids, pos, padded_metadata = pad_step_inputs(
+        torch.tensor([5, 6, 7]), torch.tensor([0, 1, 4]), attn_metadata, 8
+    )
     assert ids.tolist() == [5, 6, 7, 0, 0, 0, 0, 0] and pos.shape == (8,)
-    assert padded_md.slot_mapping.tolist() == [0, 1, 8, -1, -1, -1, -1, -1]
-    assert padded_md.num_actual_tokens == 3
+    assert padded_metadata.slot_mapping.tolist() == [0, 1, 8, -1, -1, -1, -1, -1]
+    assert padded_metadata.num_actual_tokens == 3
 
 
 def test_pad_step_inputs_pads_every_kv_cache_group() -> None:
     """Sliding-window models carry one metadata per KV cache group: each gets the padding."""
-    md = build_attention_metadata([2, 1], [2, 5], [[0], [1, 2]], block_size=4)
+    attn_metadata = build_attention_metadata([2, 1], [2, 5], [[0], [1, 2]], block_size=4)
     other = build_attention_metadata([2, 1], [2, 5], [[3], [4, 5]], block_size=4)
-    md.group_metadata = (md, other)
-    _, _, padded_md = pad_step_inputs(torch.tensor([5, 6, 7]), torch.tensor([0, 1, 4]), md, 5)
-    assert padded_md.group_metadata is not None and padded_md.group_metadata[0] is padded_md
-    assert padded_md.slot_mapping.tolist() == [0, 1, 8, -1, -1]
-    assert padded_md.group_metadata[1].slot_mapping.tolist() == [12, 13, 20, -1, -1]
+    attn_metadata.group_metadata = (attn_metadata, other)
+    _, _, padded_metadata = pad_step_inputs(
+        torch.tensor([5, 6, 7]), torch.tensor([0, 1, 4]), attn_metadata, 5
+    )
+    assert (
+        padded_metadata.group_metadata is not None
+        and padded_metadata.group_metadata[0] is padded_metadata
+    )
+    assert padded_metadata.slot_mapping.tolist() == [0, 1, 8, -1, -1]
+    assert padded_metadata.group_metadata[1].slot_mapping.tolist() == [12, 13, 20, -1, -1]
 
 
 @torch.inference_mode()
@@ -99,7 +106,7 @@ def test_padded_run_equals_unpadded_and_writes_no_padding(tiny_llama: Path) -> N
     first = next(iter(layers.values()))
     dispatcher = CudagraphDispatcher(CUDAGraphMode.PIECEWISE, [16])
     runner = ForwardRunner(model, cfg, layers, torch.device("cpu"), dispatcher=dispatcher)
-    md = build_attention_metadata([5, 2], [5, 2], [[0, 1], [2]], block_size=4)
+    attn_metadata = build_attention_metadata([5, 2], [5, 2], [[0, 1], [2]], block_size=4)
     ids = torch.tensor([1, 2, 3, 4, 5, 6, 7])
     pos = torch.tensor([0, 1, 2, 3, 4, 0, 1])
 
@@ -110,10 +117,10 @@ def test_padded_run_equals_unpadded_and_writes_no_padding(tiny_llama: Path) -> N
         return caches
 
     plain_cache = fresh_cache()
-    with set_forward_context(md, layers):
+    with set_forward_context(attn_metadata, layers):
         expected = model(ids, pos)
     padded_cache = fresh_cache()
-    got = runner.run(ids, pos, md)
+    got = runner.run(ids, pos, attn_metadata)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected)
     for a, b in zip(plain_cache, padded_cache, strict=True):

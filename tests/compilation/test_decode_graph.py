@@ -73,7 +73,7 @@ def test_only_plain_decode_steps_take_the_graph(llama: Any) -> None:
     graph = decode_graph(llama)
     graph.ready = True
 
-    def md(query_lens: list[int]) -> AttentionMetadata:
+    def step_metadata(query_lens: list[int]) -> AttentionMetadata:
         import torch
 
         n = len(query_lens)
@@ -87,11 +87,11 @@ def test_only_plain_decode_steps_take_the_graph(llama: Any) -> None:
             slot_mapping=torch.zeros(sum(query_lens), dtype=torch.long),
         )
 
-    assert graph.accepts(3, md([1, 1, 1]))
-    assert not graph.accepts(4, md([1, 3]))  # a prefill chunk in the step
+    assert graph.accepts(3, step_metadata([1, 1, 1]))
+    assert not graph.accepts(4, step_metadata([1, 3]))  # a prefill chunk in the step
     assert not graph.accepts(1, None)  # a dummy run
     big = min(DECODE_GRAPH_MAX_SEQS, graph.max_seqs) + 1
-    assert not graph.accepts(big, md([1] * big))
+    assert not graph.accepts(big, step_metadata([1] * big))
 
 
 def test_sliding_window_model_matches_piecewise(tmp_path: Path) -> None:

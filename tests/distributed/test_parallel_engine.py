@@ -81,8 +81,8 @@ def test_pipeline_keeps_two_batches_in_flight(
     unread: list[int] = []
     submit = executor.execute_model
 
-    def spy(so: Any, non_block: bool = False) -> Any:
-        result = submit(so, non_block=non_block)
+    def spy(scheduler_output: Any, non_block: bool = False) -> Any:
+        result = submit(scheduler_output, non_block=non_block)
         unread.append(executor.num_pending)
         return result
 

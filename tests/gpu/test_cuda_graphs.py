@@ -60,19 +60,21 @@ def test_triton_backend_matches_sdpa() -> None:
 
     q_lens, s_lens = [5, 1, 1, 17], [5, 30, 7, 40]
     tables = [[3], [0, 1], [2], [4, 5, 6]]
-    md = build_attention_metadata(q_lens, s_lens, tables, bs, device="cuda", num_padded_tokens=32)
+    attn_metadata = build_attention_metadata(
+        q_lens, s_lens, tables, bs, device="cuda", num_padded_tokens=32
+    )
     outs = []
     for backend in (CpuSdpaBackend(), TritonPagedBackend()):
         layer = Layer()
         torch.manual_seed(1)
         layer.kv_cache = torch.randn(2, 8, bs, nkv, hd, device="cuda")
-        t = md.num_actual_tokens
+        t = attn_metadata.num_actual_tokens
         k = torch.randn(t, nkv, hd, device="cuda")
         v = torch.randn(t, nkv, hd, device="cuda")
         q = torch.randn(t, nh, hd, device="cuda")
-        backend.write_kv(layer, k, v, md)
+        backend.write_kv(layer, k, v, attn_metadata)
         out = torch.zeros(t, nh, hd, device="cuda")
-        backend.forward(layer, q, k, v, md, out)
+        backend.forward(layer, q, k, v, attn_metadata, out)
         outs.append((out, layer.kv_cache))
     torch.testing.assert_close(outs[0][1], outs[1][1])
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=2e-5)

@@ -58,7 +58,7 @@ class PagedRunner:
             q_lens.append(len(new_ids))
             s_lens.append(end)
             tables.append(list(table))
-        md = build_attention_metadata(q_lens, s_lens, tables, self.block_size)
-        with torch.no_grad(), set_forward_context(md, self.layers):
+        attn_metadata = build_attention_metadata(q_lens, s_lens, tables, self.block_size)
+        with torch.no_grad(), set_forward_context(attn_metadata, self.layers):
             hidden = self.model(torch.tensor(ids), torch.tensor(positions))
             return self.model.compute_logits(hidden)

@@ -152,15 +152,15 @@ def test_rotary_matches_hf_yarn_scaling(attention_factor):
 
 def test_counters_follow_custom_ops_flags():
     cfg = stand_in_config(["none", "+rms_norm", "+rotary_embedding"])
-    cc = cfg.compilation_config
+    compilation_config = cfg.compilation_config
     with set_current_vllm_config(cfg):
         norms = [RMSNorm(8), RMSNorm(8)]
         act = SiluAndMul()
         rope = RotaryEmbedding(8, 8, 16, {"rope_theta": 1e4})
     assert all(n.use_optimized for n in norms) and rope.use_optimized
     assert not act.use_optimized
-    assert cc.enabled_custom_ops == {"rms_norm": 2, "rotary_embedding": 1}
-    assert cc.disabled_custom_ops == {"silu_and_mul": 1}
+    assert compilation_config.enabled_custom_ops == {"rms_norm": 2, "rotary_embedding": 1}
+    assert compilation_config.disabled_custom_ops == {"silu_and_mul": 1}
 
     cfg = stand_in_config(["all", "-silu_and_mul"])
     with set_current_vllm_config(cfg):

@@ -218,8 +218,8 @@ def test_chat_renders_gemma_turns(llm: LLM) -> None:
 def test_disable_sliding_window_caps_the_context(gemma_path: str) -> None:
     from minivllm.config.model import ModelConfig
 
-    mc = ModelConfig(model=gemma_path, disable_sliding_window=True)
-    assert mc.get_sliding_window() is None and mc.max_model_len == 512
+    model_config = ModelConfig(model=gemma_path, disable_sliding_window=True)
+    assert model_config.get_sliding_window() is None and model_config.max_model_len == 512
 
 
 def test_cache_config_carries_the_window(llm: LLM) -> None:

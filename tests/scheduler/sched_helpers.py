@@ -53,27 +53,29 @@ class FakeModelRunner:
     def _slot(self, st: _ReqState, pos: int) -> int:
         return st.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        for rid in so.finished_req_ids:
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        for rid in scheduler_output.finished_req_ids:
             self.reqs.pop(rid, None)
-        for new in so.scheduled_new_reqs:
+        for new in scheduler_output.scheduled_new_reqs:
             assert new.req_id not in self.reqs, "new request the worker already holds"
             self.reqs[new.req_id] = _ReqState(
                 tokens=list(new.prompt_token_ids) + list(new.output_token_ids),
                 block_ids=list(new.block_ids),
                 num_computed=new.num_computed_tokens,
             )
-        cached = so.scheduled_cached_reqs
+        cached = scheduler_output.scheduled_cached_reqs
         for rid, blocks, num_computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
         ):
             st = self.reqs[rid]
             st.block_ids.extend(blocks)
             assert st.num_computed == num_computed, (rid, st.num_computed, num_computed)
-        assert so.total_num_scheduled_tokens == sum(so.num_scheduled_tokens.values())
+        assert scheduler_output.total_num_scheduled_tokens == sum(
+            scheduler_output.num_scheduled_tokens.values()
+        )
 
         req_ids, sampled = [], []
-        for rid, n in so.num_scheduled_tokens.items():
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
             st = self.reqs[rid]
             st.extend_digests()
             assert st.num_computed + n <= len(st.tokens)
@@ -156,10 +158,12 @@ def run_to_completion(
     for _ in range(max_steps):
         if not scheduler.has_unfinished_requests():
             break
-        so = scheduler.schedule()
-        assert so.total_num_scheduled_tokens <= scheduler.options.max_num_batched_tokens
-        assert len(so.num_scheduled_tokens) <= scheduler.options.max_num_seqs
-        for out in scheduler.update_from_output(so, runner.execute(so)):
+        scheduler_output = scheduler.schedule()
+        assert (
+            scheduler_output.total_num_scheduled_tokens <= scheduler.options.max_num_batched_tokens
+        )
+        assert len(scheduler_output.num_scheduled_tokens) <= scheduler.options.max_num_seqs
+        for out in scheduler.update_from_output(scheduler_output, runner.execute(scheduler_output)):
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finished:
                 final[out.request_id] = out

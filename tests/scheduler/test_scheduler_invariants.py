@@ -30,19 +30,21 @@ def _drive(
         if not sched.has_unfinished_requests() and not queue:
             return tokens, final
         if len(queue) < depth:
-            so = sched.schedule()
-            assert so.total_num_scheduled_tokens == sum(so.num_scheduled_tokens.values())
-            assert so.total_num_scheduled_tokens <= opts.max_num_batched_tokens
-            assert len(so.num_scheduled_tokens) <= opts.max_num_seqs
+            scheduler_output = sched.schedule()
+            assert scheduler_output.total_num_scheduled_tokens == sum(
+                scheduler_output.num_scheduled_tokens.values()
+            )
+            assert scheduler_output.total_num_scheduled_tokens <= opts.max_num_batched_tokens
+            assert len(scheduler_output.num_scheduled_tokens) <= opts.max_num_seqs
             assert len(sched.running) <= opts.max_num_seqs
-            if not so.is_empty or not queue:
-                queue.append((so, runner.execute(so)))
-                if not so.is_empty and len(queue) < depth:
+            if not scheduler_output.is_empty or not queue:
+                queue.append((scheduler_output, runner.execute(scheduler_output)))
+                if not scheduler_output.is_empty and len(queue) < depth:
                     continue
             else:
-                sched.return_unsent(so)
-        so, out = queue.popleft()
-        for o in sched.update_from_output(so, out):
+                sched.return_unsent(scheduler_output)
+        scheduler_output, out = queue.popleft()
+        for o in sched.update_from_output(scheduler_output, out):
             tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
             if o.finished:
                 final[o.request_id] = o

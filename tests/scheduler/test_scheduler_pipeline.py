@@ -29,12 +29,12 @@ class TokenMirror:
         self.tokens: dict[str, list[int]] = {}
         self.checked = 0
 
-    def follow(self, so: SchedulerOutput, runner: FakeModelRunner) -> None:
-        for rid in so.finished_req_ids:
+    def follow(self, scheduler_output: SchedulerOutput, runner: FakeModelRunner) -> None:
+        for rid in scheduler_output.finished_req_ids:
             self.tokens.pop(rid, None)
-        for new in so.scheduled_new_reqs:
+        for new in scheduler_output.scheduled_new_reqs:
             self.tokens[new.req_id] = [*new.prompt_token_ids, *new.output_token_ids]
-        cached = so.scheduled_cached_reqs
+        cached = scheduler_output.scheduled_cached_reqs
         for rid, new_tokens in zip(cached.req_ids, cached.new_token_ids, strict=True):
             self.tokens[rid].extend(new_tokens)
             # The sampling rank holds exactly the same tokens before running the batch.
@@ -58,20 +58,20 @@ def _run_pipelined(
         if not sched.has_unfinished_requests() and not queue:
             break
         if len(queue) < depth:
-            so = sched.schedule()
-            if not so.is_empty or not queue:
+            scheduler_output = sched.schedule()
+            if not scheduler_output.is_empty or not queue:
                 if mirror is not None:
-                    mirror.follow(so, runner)
-                queue.append((so, runner.execute(so)))
+                    mirror.follow(scheduler_output, runner)
+                queue.append((scheduler_output, runner.execute(scheduler_output)))
                 most = max(most, len(queue))
-                if not so.is_empty and len(queue) < depth:
+                if not scheduler_output.is_empty and len(queue) < depth:
                     continue
             else:
-                sched.return_unsent(so)
-        so, out = queue.popleft()
+                sched.return_unsent(scheduler_output)
+        scheduler_output, out = queue.popleft()
         if before_update is not None:
-            before_update(sched, so)
-        for o in sched.update_from_output(so, out):
+            before_update(sched, scheduler_output)
+        for o in sched.update_from_output(scheduler_output, out):
             tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
             if o.finished:
                 final[o.request_id] = o
@@ -160,9 +160,9 @@ def test_abort_of_a_request_in_flight_frees_its_blocks_and_drops_its_late_result
     _add(sched, [(9, 6), (7, 6), (11, 6)])
     aborted: list[str] = []
 
-    def abort_one_in_flight(s: Scheduler, so: SchedulerOutput) -> None:
+    def abort_one_in_flight(s: Scheduler, scheduler_output: SchedulerOutput) -> None:
         if not aborted:  # the batch about to be applied is still "in flight" here
-            rid = next(iter(so.num_scheduled_tokens))
+            rid = next(iter(scheduler_output.num_scheduled_tokens))
             s.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
             aborted.append(rid)
 
@@ -179,6 +179,6 @@ def test_one_batch_sends_no_tokens_unless_asked() -> None:
     sched = make_scheduler(block_size=BS)
     _add(sched, [(5, 3)])
     runner = FakeModelRunner(BS)
-    so = sched.schedule()
-    sched.update_from_output(so, runner.execute(so))
+    scheduler_output = sched.schedule()
+    sched.update_from_output(scheduler_output, runner.execute(scheduler_output))
     assert sched.schedule().scheduled_cached_reqs.new_token_ids == []

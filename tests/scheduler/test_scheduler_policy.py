@@ -11,9 +11,9 @@ from minivllm.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 
 
 def _step(sched: Scheduler, runner: FakeModelRunner) -> SchedulerOutput:
-    so = sched.schedule()
-    sched.update_from_output(so, runner.execute(so))
-    return so
+    scheduler_output = sched.schedule()
+    sched.update_from_output(scheduler_output, runner.execute(scheduler_output))
+    return scheduler_output
 
 
 def test_chunked_prefill_splits_a_long_prompt_under_the_budget() -> None:
@@ -22,14 +22,14 @@ def test_chunked_prefill_splits_a_long_prompt_under_the_budget() -> None:
     sched.add_request(make_request("a", 40, max_tokens=2))
     chunks = []
     for _ in range(3):
-        so = _step(sched, runner)
-        chunks.append(so.num_scheduled_tokens["a"])
+        scheduler_output = _step(sched, runner)
+        chunks.append(scheduler_output.num_scheduled_tokens["a"])
     assert chunks == [16, 16, 8]
     assert sched.requests["a"].num_output_tokens == 1  # only the last chunk samples
-    so = sched.schedule()
+    scheduler_output = sched.schedule()
     # The first step sent it as new; later steps as cached deltas with its progress.
-    assert so.scheduled_cached_reqs.req_ids == ["a"]
-    assert so.scheduled_cached_reqs.num_computed_tokens == [40]
+    assert scheduler_output.scheduled_cached_reqs.req_ids == ["a"]
+    assert scheduler_output.scheduled_cached_reqs.num_computed_tokens == [40]
 
 
 def test_long_prefill_token_threshold_caps_each_chunk() -> None:
@@ -45,11 +45,11 @@ def test_prefill_and_decode_share_a_step() -> None:
     sched.add_request(make_request("a", 6, max_tokens=10))
     _step(sched, runner)
     sched.add_request(make_request("b", 30, max_tokens=10))
-    so = _step(sched, runner)
+    scheduler_output = _step(sched, runner)
     # The decode goes first, then b's prefill takes what is left of the budget.
-    assert so.num_scheduled_tokens == {"a": 1, "b": 19}
-    assert [r.req_id for r in so.scheduled_new_reqs] == ["b"]
-    assert so.scheduled_cached_reqs.req_ids == ["a"]
+    assert scheduler_output.num_scheduled_tokens == {"a": 1, "b": 19}
+    assert [r.req_id for r in scheduler_output.scheduled_new_reqs] == ["b"]
+    assert scheduler_output.scheduled_cached_reqs.req_ids == ["a"]
 
 
 def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room() -> None:
@@ -68,14 +68,14 @@ def test_max_num_seqs_limits_the_batch() -> None:
     runner = FakeModelRunner(4)
     for rid in "abc":
         sched.add_request(make_request(rid, 5, max_tokens=2))
-    so = _step(sched, runner)
-    assert set(so.num_scheduled_tokens) == {"a", "b"}
+    scheduler_output = _step(sched, runner)
+    assert set(scheduler_output.num_scheduled_tokens) == {"a", "b"}
     assert sched.get_num_unfinished_requests() == 3
-    so = _step(sched, runner)  # a and b finish here (2 tokens each)
-    assert set(so.num_scheduled_tokens) == {"a", "b"}
-    so = sched.schedule()
-    assert set(so.num_scheduled_tokens) == {"c"}
-    assert so.finished_req_ids == {"a", "b"}
+    scheduler_output = _step(sched, runner)  # a and b finish here (2 tokens each)
+    assert set(scheduler_output.num_scheduled_tokens) == {"a", "b"}
+    scheduler_output = sched.schedule()
+    assert set(scheduler_output.num_scheduled_tokens) == {"c"}
+    assert scheduler_output.finished_req_ids == {"a", "b"}
 
 
 @pytest.mark.parametrize(
@@ -114,8 +114,8 @@ def test_add_request_asserts_what_the_engine_validated() -> None:
 def test_partial_prefill_tokens_from_the_runner_are_ignored() -> None:
     sched = make_scheduler(max_num_batched_tokens=8)
     sched.add_request(make_request("a", 20))
-    so = sched.schedule()
-    outs = sched.update_from_output(so, ModelRunnerOutput(["a"], [[7]]))
+    scheduler_output = sched.schedule()
+    outs = sched.update_from_output(scheduler_output, ModelRunnerOutput(["a"], [[7]]))
     assert outs == [] and sched.requests["a"].output_token_ids == []
 
 
@@ -175,9 +175,9 @@ def test_max_num_partial_prefills_limits_concurrent_chunked_prompts(
     sched.options.max_num_partial_prefills = sched.options.max_long_partial_prefills = max_partial
     sched.add_request(make_request("a", 30))
     sched.add_request(make_request("b", 30))
-    so = sched.schedule()
-    assert so.num_scheduled_tokens.get("a") == 10
-    assert so.num_scheduled_tokens.get("b") == expected_b
+    scheduler_output = sched.schedule()
+    assert scheduler_output.num_scheduled_tokens.get("a") == 10
+    assert scheduler_output.num_scheduled_tokens.get("b") == expected_b
 
 
 def test_reserve_full_isl_admits_only_prompts_whose_blocks_are_all_free() -> None:

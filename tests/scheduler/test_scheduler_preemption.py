@@ -55,13 +55,13 @@ def test_preempted_request_returns_with_its_outputs_and_cached_blocks() -> None:
         sched.add_request(req)
     victim_seen = False
     while sched.has_unfinished_requests():
-        so = sched.schedule()
-        for new in so.scheduled_new_reqs:
+        scheduler_output = sched.schedule()
+        for new in scheduler_output.scheduled_new_reqs:
             if new.output_token_ids:  # a re-admission after preemption
                 victim_seen = True
                 assert new.req_id == "r1"  # the newest running request was chosen
                 assert new.num_computed_tokens > 0  # its own freed blocks were still cached
-        sched.update_from_output(so, runner.execute(so))
+        sched.update_from_output(scheduler_output, runner.execute(scheduler_output))
     assert victim_seen and sched.num_preemptions >= 1
     assert sched.make_stats().num_preemptions == sched.num_preemptions
 
@@ -76,11 +76,14 @@ def test_preempted_ids_reach_the_worker_in_finished_req_ids() -> None:
         if not sched.has_unfinished_requests():
             break
         before = sched.num_preemptions
-        so = sched.schedule()
+        scheduler_output = sched.schedule()
         if sched.num_preemptions > before:
             seen_preempt = True
-            assert "r1" in so.finished_req_ids and "r1" not in so.num_scheduled_tokens
-        sched.update_from_output(so, runner.execute(so))
+            assert (
+                "r1" in scheduler_output.finished_req_ids
+                and "r1" not in scheduler_output.num_scheduled_tokens
+            )
+        sched.update_from_output(scheduler_output, runner.execute(scheduler_output))
     assert seen_preempt and not sched.has_unfinished_requests()
 
 

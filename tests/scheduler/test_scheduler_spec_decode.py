@@ -30,10 +30,12 @@ def make_scheduler(
 def prefill(sched: Scheduler, rid: str, drafts: list[int], max_tokens: int = 20) -> Request:
     req = Request(rid, PROMPT, SamplingParams(max_tokens=max_tokens))
     sched.add_request(req)
-    so = sched.schedule()
-    assert so.num_scheduled_tokens[rid] == len(PROMPT)
-    assert so.num_spec_tokens_to_propose == 3
-    sched.update_from_output(so, ModelRunnerOutput([rid], [[7]], spec_token_ids=[drafts]))
+    scheduler_output = sched.schedule()
+    assert scheduler_output.num_scheduled_tokens[rid] == len(PROMPT)
+    assert scheduler_output.num_spec_tokens_to_propose == 3
+    sched.update_from_output(
+        scheduler_output, ModelRunnerOutput([rid], [[7]], spec_token_ids=[drafts])
+    )
     return req
 
 
@@ -43,14 +45,16 @@ def test_drafts_are_verified_and_rejected_ones_rolled_back() -> None:
     req = prefill(sched, "a", [8, 9, 10])
     assert req.spec_token_ids == [8, 9, 10] and req.all_token_ids == [*PROMPT, 7]
 
-    so = sched.schedule()
+    scheduler_output = sched.schedule()
     # The sampled token plus its three drafts, in one query.
-    assert so.num_scheduled_tokens == {"a": 4}
-    assert so.scheduled_spec_decode_tokens == {"a": [8, 9, 10]}
+    assert scheduler_output.num_scheduled_tokens == {"a": 4}
+    assert scheduler_output.scheduled_spec_decode_tokens == {"a": [8, 9, 10]}
     assert len(manager.req_to_blocks["a"][0]) == 3  # slots for 6 + 4 = 10 tokens
     free_before = manager.num_free_blocks
     # The target accepts 8, rejects 9 and picks 42 itself.
-    sched.update_from_output(so, ModelRunnerOutput(["a"], [[8, 42]], spec_token_ids=[[1, 2]]))
+    sched.update_from_output(
+        scheduler_output, ModelRunnerOutput(["a"], [[8, 42]], spec_token_ids=[[1, 2]])
+    )
     assert req.all_token_ids == [*PROMPT, 7, 8, 42]
     assert req.num_computed_tokens == 8  # KV up to 8; 42 is computed next step
     # The block that held only the rejected drafts went back to the pool.
@@ -65,17 +69,21 @@ def test_drafts_are_verified_and_rejected_ones_rolled_back() -> None:
     assert stats.num_accepted_tokens_per_pos == [1, 0, 0]
     assert req.spec_decode is not None and req.spec_decode.accepted_per_step == [(1, 3)]
 
-    so = sched.schedule()
+    scheduler_output = sched.schedule()
     # The worker is told to drop the freed block before appending new ones.
-    assert so.scheduled_cached_reqs.num_kept_blocks == [2]
-    assert so.num_scheduled_tokens == {"a": 3} and so.scheduled_spec_decode_tokens == {"a": [1, 2]}
+    assert scheduler_output.scheduled_cached_reqs.num_kept_blocks == [2]
+    assert scheduler_output.num_scheduled_tokens == {
+        "a": 3
+    } and scheduler_output.scheduled_spec_decode_tokens == {"a": [1, 2]}
 
 
 def test_a_rejected_continuation_is_never_a_prefix_cache_hit() -> None:
     sched = make_scheduler()
     req = prefill(sched, "a", [8, 9, 10])
-    so = sched.schedule()
-    sched.update_from_output(so, ModelRunnerOutput(["a"], [[8, 42]], spec_token_ids=[[]]))
+    scheduler_output = sched.schedule()
+    sched.update_from_output(
+        scheduler_output, ModelRunnerOutput(["a"], [[8, 42]], spec_token_ids=[[]])
+    )
     assert req.all_token_ids[:8] == [*PROMPT, 7, 8]
     # A prompt that follows the rejected drafts matches only the accepted blocks.
     other = Request("b", [*PROMPT, 7, 8, 9, 10, 11, 12, 13], SamplingParams(max_tokens=4))
@@ -90,9 +98,9 @@ def test_lookahead_slots_are_reserved_and_kept_for_a_draft_model() -> None:
     manager = sched.kv_cache_manager
     req = prefill(sched, "a", [8, 9, 10])
     # Prefill of 6 plus 3 lookahead slots: 9 tokens, 3 blocks.
-    so = sched.schedule()
+    scheduler_output = sched.schedule()
     assert len(manager.req_to_blocks["a"][0]) == 4  # 6 + 4 + 3 lookahead = 13 slots
-    sched.update_from_output(so, ModelRunnerOutput(["a"], [[5]], spec_token_ids=[[]]))
+    sched.update_from_output(scheduler_output, ModelRunnerOutput(["a"], [[5]], spec_token_ids=[[]]))
     # Nothing accepted: computed 7, plus the drafter's 3 lookahead slots -> 10: 3 blocks.
     assert req.num_computed_tokens == 7
     assert len(manager.req_to_blocks["a"][0]) == 3
@@ -101,10 +109,10 @@ def test_lookahead_slots_are_reserved_and_kept_for_a_draft_model() -> None:
 def test_drafts_are_cut_to_what_max_tokens_leaves() -> None:
     sched = make_scheduler()
     prefill(sched, "a", [8, 9, 10], max_tokens=3)
-    so = sched.schedule()
+    scheduler_output = sched.schedule()
     # One token out, two to go: one draft plus the target's own token.
-    assert so.scheduled_spec_decode_tokens == {"a": [8]}
-    outs = sched.update_from_output(so, ModelRunnerOutput(["a"], [[8, 11]]))
+    assert scheduler_output.scheduled_spec_decode_tokens == {"a": [8]}
+    outs = sched.update_from_output(scheduler_output, ModelRunnerOutput(["a"], [[8, 11]]))
     assert outs[0].finished and outs[0].new_token_ids == [8, 11]
 
 
@@ -112,23 +120,29 @@ def test_speculation_is_off_at_the_batch_size_limit() -> None:
     sched = make_scheduler(disable=2)
     req = prefill(sched, "a", [8, 9, 10])
     sched.add_request(Request("b", PROMPT, SamplingParams(max_tokens=5)))
-    so = sched.schedule()
-    assert so.num_spec_tokens_to_propose == 0 and not so.scheduled_spec_decode_tokens
-    assert so.num_scheduled_tokens["a"] == 1 and req.spec_token_ids == []
+    scheduler_output = sched.schedule()
+    assert (
+        scheduler_output.num_spec_tokens_to_propose == 0
+        and not scheduler_output.scheduled_spec_decode_tokens
+    )
+    assert scheduler_output.num_scheduled_tokens["a"] == 1 and req.spec_token_ids == []
 
 
 def test_drafts_are_dropped_before_anything_is_preempted() -> None:
     sched = make_scheduler(num_blocks=4)  # 3 usable blocks of 4 tokens
     req = prefill(sched, "a", [8, 9, 10])
-    so = sched.schedule()  # needs 10 slots: all three blocks
-    assert so.scheduled_spec_decode_tokens == {"a": [8, 9, 10]}
+    scheduler_output = sched.schedule()  # needs 10 slots: all three blocks
+    assert scheduler_output.scheduled_spec_decode_tokens == {"a": [8, 9, 10]}
     sched.update_from_output(
-        so, ModelRunnerOutput(["a"], [[8, 9, 10, 11]], spec_token_ids=[[1, 2, 3]])
+        scheduler_output, ModelRunnerOutput(["a"], [[8, 9, 10, 11]], spec_token_ids=[[1, 2, 3]])
     )
     assert req.num_computed_tokens == 10 and req.spec_token_ids == [1, 2, 3]
     # 11 tokens + 3 drafts need 14 slots of 12: it runs without drafts instead of
     # being preempted (or finished for want of KV cache).
-    so = sched.schedule()
-    assert so.num_scheduled_tokens == {"a": 1} and not so.scheduled_spec_decode_tokens
+    scheduler_output = sched.schedule()
+    assert (
+        scheduler_output.num_scheduled_tokens == {"a": 1}
+        and not scheduler_output.scheduled_spec_decode_tokens
+    )
     assert sched.num_preemptions == 0 and not req.is_finished
     assert req.spec_token_ids == []

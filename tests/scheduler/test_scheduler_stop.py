@@ -14,10 +14,10 @@ def _generate(sched: Scheduler, script: list[int], rid: str = "a") -> list[Engin
     """Feed scripted tokens to one request until it finishes or the script ends."""
     outs: list[EngineCoreOutput] = []
     for token in script:
-        so = sched.schedule()
-        if rid not in so.num_scheduled_tokens:
+        scheduler_output = sched.schedule()
+        if rid not in scheduler_output.num_scheduled_tokens:
             break
-        outs += sched.update_from_output(so, ModelRunnerOutput([rid], [[token]]))
+        outs += sched.update_from_output(scheduler_output, ModelRunnerOutput([rid], [[token]]))
         if outs and outs[-1].finished:
             break
     return outs
@@ -83,8 +83,8 @@ def test_abort_frees_every_block_at_once() -> None:
     idle = mgr.num_free_blocks
     sched.add_request(make_request("run", 20, max_tokens=50))  # in a chunked prefill
     sched.add_request(make_request("wait", 8, max_tokens=50))
-    so = sched.schedule()
-    sched.update_from_output(so, ModelRunnerOutput(["run"], [[]]))
+    scheduler_output = sched.schedule()
+    sched.update_from_output(scheduler_output, ModelRunnerOutput(["run"], [[]]))
     assert mgr.num_free_blocks < idle and sched.requests["run"].status == RequestStatus.RUNNING
     sched.finish_requests(["run", "wait", "unknown"], RequestStatus.FINISHED_ABORTED)
     assert mgr.num_free_blocks == idle
@@ -95,10 +95,10 @@ def test_abort_frees_every_block_at_once() -> None:
 def test_finish_requests_for_stop_strings_and_in_flight_results() -> None:
     sched = make_scheduler()
     sched.add_request(make_request("a", 5, max_tokens=10))
-    so = sched.schedule()
+    scheduler_output = sched.schedule()
     # The detokenizer saw a stop string while the step was running.
     sched.finish_requests("a", RequestStatus.FINISHED_STOPPED)
-    assert sched.update_from_output(so, ModelRunnerOutput(["a"], [[3]])) == []
+    assert sched.update_from_output(scheduler_output, ModelRunnerOutput(["a"], [[3]])) == []
     assert sched.kv_cache_manager.usage == 0.0
     with pytest.raises(ValueError, match="not a finished status"):
         sched.finish_requests("a", RequestStatus.RUNNING)
@@ -107,9 +107,9 @@ def test_finish_requests_for_stop_strings_and_in_flight_results() -> None:
 def test_logprobs_are_passed_through_per_new_token() -> None:
     sched = make_scheduler()
     sched.add_request(make_request("a", 5, max_tokens=1))
-    so = sched.schedule()
+    scheduler_output = sched.schedule()
     entry = (3, -0.5, 1, {3: -0.5})
     mro = ModelRunnerOutput(["a"], [[3]], logprobs=[[entry]], prompt_logprobs={"a": [None]})
-    (out,) = sched.update_from_output(so, mro)
+    (out,) = sched.update_from_output(scheduler_output, mro)
     assert out.new_logprobs == [entry] and out.new_prompt_logprobs == [None]
     assert out.finish_reason == "length"

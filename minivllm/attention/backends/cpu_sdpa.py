@@ -119,24 +119,28 @@ class StepPlan:
 
 
 def build_step_plan(
-    md: AttentionMetadata, block_size: int, sliding_window: int | None = None
+    attn_metadata: AttentionMetadata, block_size: int, sliding_window: int | None = None
 ) -> StepPlan:
-    """Derive a `StepPlan` from ``md`` (runs once per step and window, not per layer)."""
-    device = md.block_tables.device
-    qsl = md.query_start_loc_cpu
+    """Derive a `StepPlan` from ``attn_metadata`` (runs once per step and window, not per layer)."""
+    device = attn_metadata.block_tables.device
+    qsl = attn_metadata.query_start_loc_cpu
     if qsl is None:
-        qsl = md.query_start_loc.tolist()
-    seq_lens = md.seq_lens_cpu
+        qsl = attn_metadata.query_start_loc.tolist()
+    seq_lens = attn_metadata.seq_lens_cpu
     if seq_lens is None:
-        seq_lens = md.seq_lens.tolist()
+        seq_lens = attn_metadata.seq_lens.tolist()
     num_reqs = len(seq_lens)
-    write_slots, write_rows = valid_slots(md.slot_mapping, md.num_actual_tokens)
+    write_slots, write_rows = valid_slots(
+        attn_metadata.slot_mapping, attn_metadata.num_actual_tokens
+    )
     decode_reqs = [i for i in range(num_reqs) if qsl[i + 1] - qsl[i] == 1]
     if len(decode_reqs) <= 1:
         decode_reqs = []  # a lone decode row is as cheap on the prefill path
     decode = None
     if decode_reqs:
-        decode = _decode_group(md, qsl, seq_lens, decode_reqs, block_size, sliding_window)
+        decode = _decode_group(
+            attn_metadata, qsl, seq_lens, decode_reqs, block_size, sliding_window
+        )
     prefills = []
     decode_set = set(decode_reqs)
     for i in range(num_reqs):
@@ -162,7 +166,7 @@ def build_step_plan(
 
 
 def _decode_group(
-    md: AttentionMetadata,
+    attn_metadata: AttentionMetadata,
     qsl: list[int],
     seq_lens: list[int],
     decode_reqs: list[int],
@@ -172,13 +176,13 @@ def _decode_group(
     """The padded batch of one-token requests; with a sliding window each request's
     table starts at the block of its window's first key (so a long context gathers
     only about a window of keys, and never the blocks freed before it)."""
-    device = md.block_tables.device
+    device = attn_metadata.block_tables.device
     lens = [seq_lens[i] for i in decode_reqs]
     all_decode = len(decode_reqs) == len(seq_lens)
     tables = (
-        md.block_tables
+        attn_metadata.block_tables
         if all_decode
-        else md.block_tables.index_select(0, torch.tensor(decode_reqs, device=device))
+        else attn_metadata.block_tables.index_select(0, torch.tensor(decode_reqs, device=device))
     )
     lens_t = torch.tensor(lens, device=device)[:, None]
     if sliding_window is None:
@@ -213,23 +217,23 @@ class CpuSdpaBackend:
 
     name = "CPU_SDPA"
 
-    def plan(self, layer: Any, md: AttentionMetadata) -> StepPlan:
+    def plan(self, layer: Any, attn_metadata: AttentionMetadata) -> StepPlan:
         """This step's plan, built by the first layer that asks."""
         # getattr: layers built before sliding windows existed (test stand-ins) lack it.
         window = getattr(layer, "sliding_window", None)
         key = self.name if window is None else f"{self.name}/window={window}"
-        plan = md.backend_plan.get(key)
+        plan = attn_metadata.backend_plan.get(key)
         if plan is None:
             assert layer.kv_cache is not None
-            plan = build_step_plan(md, layer.kv_cache.shape[2], window)
-            md.backend_plan[key] = plan
+            plan = build_step_plan(attn_metadata, layer.kv_cache.shape[2], window)
+            attn_metadata.backend_plan[key] = plan
         return plan
 
     def write_kv(
-        self, layer: Any, key: torch.Tensor, value: torch.Tensor, md: AttentionMetadata
+        self, layer: Any, key: torch.Tensor, value: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> None:
         """Write this step's K/V ([T, nkv, hd]) into ``layer.kv_cache``."""
-        plan = self.plan(layer, md)
+        plan = self.plan(layer, attn_metadata)
         if plan.write_rows is not None:
             key, value = (
                 key.index_select(0, plan.write_rows),
@@ -243,11 +247,11 @@ class CpuSdpaBackend:
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        md: AttentionMetadata | None,
+        attn_metadata: AttentionMetadata | None,
         output: torch.Tensor,
     ) -> None:
         """Fill ``output`` [T, nh, hd] with attention of ``query`` [T, nh, hd]."""
-        if md is None:
+        if attn_metadata is None:
             # Profiling / dummy run: the batch is one causal sequence, no cache.
             window = getattr(layer, "sliding_window", None)
             t = query.shape[0]
@@ -266,14 +270,14 @@ class CpuSdpaBackend:
             )
             output.copy_(out[0].transpose(0, 1))
             return
-        plan = self.plan(layer, md)
+        plan = self.plan(layer, attn_metadata)
         small = plan.key_work * query.shape[1] * query.shape[2] <= SMALL_ATTENTION_WORK
         with one_thread(small):
             if plan.decode is not None:
                 self._decode(layer, query, plan.decode, output)
             for span in plan.prefills:
                 self._prefill_one(
-                    layer, query[span.start : span.end], md.block_tables[span.req], span,
+                    layer, query[span.start : span.end], attn_metadata.block_tables[span.req], span,
                     output[span.start : span.end],
                 )  # fmt: skip
 

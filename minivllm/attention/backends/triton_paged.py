@@ -109,22 +109,24 @@ def _paged_attention_kernel(
     )
 
 
-def _token_info(md: AttentionMetadata, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _token_info(
+    attn_metadata: AttentionMetadata, num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token: its request index and its causal context length (0 for padding)."""
-    cached = getattr(md, "_triton_token_info", None)
+    cached = getattr(attn_metadata, "_triton_token_info", None)
     if cached is not None and cached[0].shape[0] == num_tokens:
         return cached
-    qsl = md.query_start_loc.long()
+    qsl = attn_metadata.query_start_loc.long()
     tokens = torch.arange(num_tokens, device=qsl.device)
-    num_rows = md.seq_lens.shape[0]
+    num_rows = attn_metadata.seq_lens.shape[0]
     req = torch.searchsorted(qsl[1:], tokens, right=True).clamp_(max=num_rows - 1)
-    seq_lens = md.seq_lens.long()
+    seq_lens = attn_metadata.seq_lens.long()
     ctx = seq_lens[req] - qsl[req + 1] + tokens + 1
-    valid = md.slot_mapping[:num_tokens] >= 0
+    valid = attn_metadata.slot_mapping[:num_tokens] >= 0
     ctx = torch.where(valid, ctx, torch.zeros_like(ctx)).to(torch.int32)
     info = (req.to(torch.int32), ctx)
     # Computed once per step and shared by every layer (and recorded once in a graph).
-    md._triton_token_info = info  # type: ignore[attr-defined]
+    attn_metadata._triton_token_info = info  # type: ignore[attr-defined]
     return info
 
 
@@ -145,7 +147,7 @@ class TritonPagedBackend:
         return GraphAttentionBuffers(max_num_reqs, max_blocks_per_req, max_num_tokens, device)
 
     def write_kv(
-        self, layer: Any, key: torch.Tensor, value: torch.Tensor, md: AttentionMetadata
+        self, layer: Any, key: torch.Tensor, value: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> None:
         cache = layer.kv_cache
         t, nkv, hd = key.shape
@@ -153,7 +155,7 @@ class TritonPagedBackend:
             return
         fp8 = is_fp8(cache.dtype)
         _write_kv_kernel[(t, nkv)](
-            key, value, cache, md.slot_mapping, layer.k_scale, layer.v_scale,
+            key, value, cache, attn_metadata.slot_mapping, layer.k_scale, layer.v_scale,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
             BLOCK_SIZE=cache.shape[2], HEAD_DIM=hd, HEAD_DIM_P2=triton.next_power_of_2(hd),
@@ -166,24 +168,24 @@ class TritonPagedBackend:
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        md: AttentionMetadata | None,
+        attn_metadata: AttentionMetadata | None,
         output: torch.Tensor,
     ) -> None:
-        if md is None:
+        if attn_metadata is None:
             # Start-up/profiling runs have no cache: plain causal SDPA, never captured.
-            self._fallback.forward(layer, query, key, value, md, output)
+            self._fallback.forward(layer, query, key, value, attn_metadata, output)
             return
         t, nh, hd = query.shape
         if t == 0:
             return
         cache = layer.kv_cache
-        req, ctx = _token_info(md, t)
+        req, ctx = _token_info(attn_metadata, t)
         _paged_attention_kernel[(t, nh)](
-            query, cache, output, req, ctx, md.block_tables, layer.k_scale, layer.v_scale,
-            layer.scale,
+            query, cache, output, req, ctx, attn_metadata.block_tables,
+            layer.k_scale, layer.v_scale, layer.scale,
             query.stride(0), query.stride(1), output.stride(0), output.stride(1),
             cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
-            md.block_tables.stride(0),
+            attn_metadata.block_tables.stride(0),
             QUERIES_PER_KV=nh // cache.shape[3], BLOCK_SIZE=cache.shape[2],
             HEAD_DIM=hd, HEAD_DIM_P2=triton.next_power_of_2(hd),
             SLIDING_WINDOW=getattr(layer, "sliding_window", None) or 0,

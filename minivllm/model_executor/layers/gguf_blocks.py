@@ -67,9 +67,11 @@ def _low_high(qs: torch.Tensor) -> torch.Tensor:
 def _q4_k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The eight 6-bit scales and mins of each Q4_K super-block (12 packed bytes)."""
     p = packed.reshape(-1, 3, 4)
-    d, m, md = p[:, 0], p[:, 1], p[:, 2]
-    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=1)
-    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
+    # Bytes 0-3 hold scales 0-3 in their low 6 bits and the top 2 bits of scales 4-7;
+    # bytes 4-7 the same for the mins; bytes 8-11 the low 4 bits of scales and mins 4-7.
+    scales_0_3, mins_0_3, nibbles_4_7 = p[:, 0], p[:, 1], p[:, 2]
+    sc = torch.cat([scales_0_3 & 0x3F, (nibbles_4_7 & 0x0F) | ((scales_0_3 >> 2) & 0x30)], dim=1)
+    mn = torch.cat([mins_0_3 & 0x3F, (nibbles_4_7 >> 4) | ((mins_0_3 >> 2) & 0x30)], dim=1)
     return sc, mn
 
 

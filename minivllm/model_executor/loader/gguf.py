@@ -121,16 +121,16 @@ def _read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[_T
     return header.metadata, tensors
 
 
-def _head_counts(md: dict[str, Any]) -> tuple[str, Any, Any]:
-    arch = md.get("general.architecture")
-    num_heads = md.get(f"{arch}.attention.head_count")
-    return arch, num_heads, md.get(f"{arch}.attention.head_count_kv") or num_heads
+def _head_counts(metadata: dict[str, Any]) -> tuple[str, Any, Any]:
+    arch = metadata.get("general.architecture")
+    num_heads = metadata.get(f"{arch}.attention.head_count")
+    return arch, num_heads, metadata.get(f"{arch}.attention.head_count_kv") or num_heads
 
 
 def read_gguf_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of the file into an HF-named dict (no cache)."""
-    md, tensors = _read_tensors(path)
-    arch, num_heads, num_kv_heads = _head_counts(md)
+    metadata, tensors = _read_tensors(path)
+    arch, num_heads, num_kv_heads = _head_counts(metadata)
     out: dict[str, torch.Tensor] = {}
     for t in tensors:
         hf_name = gguf_to_hf_name(t.name, arch)
@@ -153,8 +153,8 @@ def read_gguf_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
 def read_gguf_quantized(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any]]:
     """HF-named weights with 2-D quantized tensors left as raw `GGUFWeight` blocks
     (for layers that compute on them); float tensors and 1-D ones as tensors."""
-    md, tensors = _read_tensors(path)
-    arch, num_heads, num_kv_heads = _head_counts(md)
+    metadata, tensors = _read_tensors(path)
+    arch, num_heads, num_kv_heads = _head_counts(metadata)
     for t in tensors:
         hf_name = gguf_to_hf_name(t.name, arch)
         if hf_name is None:

@@ -13,7 +13,7 @@ the well-formed requests.  Exits 1 on any 5xx, a request that raised, or a serve
 that died.  Everything stays on 127.0.0.1.
 
     python benchmarks/soak.py --minutes 1
-    python benchmarks/soak.py --minutes 10 --concurrency 8 --serve-args "-O0"
+    python benchmarks/soak.py --minutes 10 --concurrency 8 --serve-args=-O0
 """
 
 from __future__ import annotations
@@ -304,7 +304,9 @@ def main() -> int:
         "--concurrency", type=int, default=8, help="Requests in flight (default 8)."
     )
     parser.add_argument(
-        "--serve-args", default="", help='Extra `minivllm serve` flags, e.g. "-O0".'
+        "--serve-args",
+        default="",
+        help='Extra `minivllm serve` flags, as one string: --serve-args="-O0 --max-model-len 2048".',
     )
     parser.add_argument(
         "--sample-s", type=float, default=10.0, help="RSS sampling period (default 10 s)."

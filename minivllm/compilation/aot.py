@@ -59,13 +59,33 @@ def _dump_graph(gm: fx.GraphModule) -> bytes:
     try:
         for node, meta in saved:
             keep = ("example_value", "val") if node.op == "placeholder" else ()
-            node.meta = {k: meta[k] for k in keep if k in meta}
+            node.meta = {k: _without_view_base(meta[k]) for k in keep if k in meta}
         return GraphPickler.dumps(gm, Options(ops_filter=None))
     finally:
         for node, meta in saved:
             node.meta = meta
         if shape_env is not None:
             gm.__dict__["shape_env"] = shape_env
+
+
+def _without_view_base(value: Any) -> Any:
+    """``value``, or a fake tensor of its size, strides and dtype that is no view.
+
+    A parameter may be a view of another tensor (a low-bit kernel's weight layout is
+    a reshaped view of the tensor it was packed in).  The pickler describes a view's
+    base with the fake mode it lives in, which holds weak references and cannot be
+    pickled.  The compiled pieces read only an input's size, strides and dtype, and
+    the model's weights never alias each other, so the base is of no use to them.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(value, FakeTensor) or not value._is_view():
+        return value
+    with value.fake_mode:
+        plain = torch.empty_strided(
+            value.shape, value.stride(), dtype=value.dtype, device=value.device
+        )
+    return plain.requires_grad_(value.requires_grad)
 
 
 def _load_graph(data: bytes) -> tuple[fx.GraphModule, list[Any], Any]:

@@ -162,6 +162,8 @@ class ModelForward:
             fn = self._fn.aot_compile(((input_ids, positions), {}))
         except Exception as exc:
             logger.warning("AOT compilation failed (%s); compiling without saving the trace", exc)
+            # What could not be saved is deep in the trace: the traceback names it.
+            logger.debug("AOT compilation failure", exc_info=True)
             self._stop_aot()
             return None
         aot.save(fn)

@@ -181,6 +181,13 @@ class SpeculativeConfig:
         ignored = {"draft_model_config", "target_model_config"}
         return hash_factors(get_hash_factors(self, ignored))
 
+    def summary(self) -> str:
+        """One line for the start-up log: the method, draft length and its proposer."""
+        line = f"method {self.method}, num_speculative_tokens={self.num_speculative_tokens}"
+        if self.method == "ngram":
+            return f"{line}, n-grams of {self.prompt_lookup_min}-{self.prompt_lookup_max} tokens"
+        return f"{line}, draft model {self.model}"
+
     def __repr__(self) -> str:
         return (
             f"SpeculativeConfig(method={self.method!r}, model={self.model!r}, "

@@ -72,7 +72,7 @@ def finish_kv_cache_sizing(
     check_kv_cache_holds_max_model_len(vllm_config, num_blocks, source, groups)
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     logger.info(
-        "start-up 4/4: KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB (%s)",
+        "start-up 3/4: KV cache: %d blocks x %d tokens = %d tokens, %.2f GiB (%s)",
         num_blocks,
         block_size,
         num_blocks * block_size,

@@ -201,7 +201,7 @@ class ForwardRunner:
         if not plan or self.device.type != "cuda" or self._pool is None:
             return 0
         warmups = self.compilation_config.cudagraph_num_of_warmups
-        logger.info("start-up 3/4: capturing %d CUDA graphs", len(plan))
+        logger.info("start-up 4/4: capturing %d CUDA graphs", len(plan))
         free_before = torch.cuda.mem_get_info(self.device)[0]
         start = timer()
         # One eager run on the capture stream first, whatever cudagraph_num_of_warmups
@@ -235,7 +235,7 @@ class ForwardRunner:
 
     def _warm_up_decode_graph(self, graph: CpuDecodeGraph) -> None:
         logger.info(
-            "start-up 3/4: compiling the CPU decode graph (decode steps of 1-%d requests)",
+            "start-up 4/4: compiling the CPU decode graph (decode steps of 1-%d requests)",
             graph.max_seqs,
         )
         seconds = graph.warm_up()

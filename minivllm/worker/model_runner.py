@@ -84,6 +84,9 @@ class ModelRunner:
         mc = self.model_config
         load_format = self.vllm_config.load_config.load_format
         logger.info("start-up 1/4: loading the weights of %s", mc.model)
+        spec = self.vllm_config.speculative_config
+        if spec is not None:
+            logger.info("speculative decoding: %s", spec.summary())
         with set_current_vllm_config(self.vllm_config):
             self.model = load_model(
                 mc.model,

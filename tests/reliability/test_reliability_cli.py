@@ -70,6 +70,35 @@ def test_help_comes_in_groups(command: str, capsys: pytest.CaptureFixture[str]) 
     assert status == 2 and "CacheConfig" in err
 
 
+@pytest.mark.parametrize(
+    ("bench", "own", "default"),
+    [
+        ("latency", "--batch-size", "(default: 8)"),
+        ("throughput", "--num-prompts", "default"),
+        ("startup", "--run-timeout", "(default: 1800.0)"),
+        ("serve", "--base-url", "default"),
+    ],
+)
+def test_bench_help_is_short_with_defaults(
+    bench: str, own: str, default: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench X --help`` shows the benchmark's flags with their defaults and names the
+    engine flag groups; ``--help=all`` / ``--help=<group>`` show the engine flags."""
+    status, short, _ = _help(capsys, "bench", bench, "--help")
+    assert status == 0
+    lines = short.splitlines()
+    assert len(lines) < 90, len(lines)
+    line = next(i for i, text in enumerate(lines) if text.lstrip().startswith(own))
+    assert default in " ".join(lines[line : line + 4]), lines[line : line + 4]
+    assert "--block-size" not in short
+    if bench == "serve":  # a pure HTTP client: no engine flags
+        return
+    assert "CacheConfig" in short and "--help=all" in short
+    status, every, _ = _help(capsys, "bench", bench, "--help=all")
+    assert status == 0 and "--block-size" in every and own in every
+    assert "--block-size" in _help(capsys, "bench", bench, "--help=cacheconfig")[1]
+
+
 def test_chat_with_empty_stdin_says_so_without_loading_the_model() -> None:
     for stdin in ("", "\n  \n"):
         start = time.monotonic()

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minivllm.args.parser import FlexibleArgumentParser
+from minivllm.entrypoints.cli.grouped_help import add_grouped_help, is_engine_group
 
 BENCHMARKS: list[tuple[str, str, str]] = [
     (
@@ -55,6 +56,7 @@ class _LazySubParsersAction(argparse._SubParsersAction):  # type: ignore[type-ar
         if chosen is not None and module_name is not None:
             module = importlib.import_module(module_name)
             module.add_cli_args(chosen)
+            _show_defaults(chosen)
             chosen.set_defaults(_bench_main=module.main, _parser=chosen)
             chosen._bench_module = None  # type: ignore[attr-defined]
         super().__call__(parser, namespace, values, option_string)
@@ -70,8 +72,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser_class=FlexibleArgumentParser,
     )
     for name, module_name, summary in BENCHMARKS:
-        sub = subparsers.add_parser(name, help=summary, description=summary)
+        # Most benchmarks take every engine flag: --help shows the benchmark's own flags
+        # and the engine flag groups, as `serve --help` does.
+        sub = subparsers.add_parser(name, help=summary, description=summary, add_help=False)
+        add_grouped_help(sub)
         sub._bench_module = module_name  # type: ignore[attr-defined]
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append "(default: X)" to the help of the benchmark's own flags that have a
+    default and do not state it (engine flags document their own)."""
+    for group in parser._action_groups:
+        if is_engine_group(group):
+            continue
+        for action in group._group_actions:
+            text = action.help or ""
+            if text == argparse.SUPPRESS or "default" in text.lower():
+                continue
+            # nargs 0: a switch, off unless given.
+            if action.default is None or action.default == argparse.SUPPRESS or action.nargs == 0:
+                continue
+            text = text.rstrip()
+            end = "." if text.endswith(".") else ""
+            action.help = f"{text.removesuffix('.')} (default: %(default)s){end}".lstrip()
 
 
 def run(args: argparse.Namespace) -> int:

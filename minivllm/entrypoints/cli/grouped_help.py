@@ -1,7 +1,7 @@
 """``--help`` in pages, as in vLLM: the flags a command is about first, the engine flags
 by group.
 
-``minivllm serve|generate|chat --help`` prints the command's own flags (sampling,
+``minivllm serve|generate|chat|bench <name> --help`` prints the command's own flags (sampling,
 server) and a list of the engine flag groups; ``--help=all`` prints every flag,
 ``--help=<Group>`` (``--help=CacheConfig``, case-insensitive) one group, and any
 other ``--help=WORD`` the flags whose name or help mentions WORD.
@@ -16,7 +16,7 @@ ENGINE_GROUP_SUFFIX = "Config"
 """Engine flag groups are titled by their config class (ModelConfig, CacheConfig, ...)."""
 
 
-def _is_engine_group(group: argparse._ArgumentGroup) -> bool:
+def is_engine_group(group: argparse._ArgumentGroup) -> bool:
     return bool(group.title and group.title.endswith(ENGINE_GROUP_SUFFIX))
 
 
@@ -46,9 +46,9 @@ def grouped_help(parser: argparse.ArgumentParser, topic: str | None) -> str:
     if topic is not None and topic.lower() == "all":
         return parser.format_help()
     groups = [g for g in parser._action_groups if _visible(g._group_actions)]
-    engine = [g for g in groups if _is_engine_group(g)]
+    engine = [g for g in groups if is_engine_group(g)]
     if topic is None:
-        own = [g for g in groups if not _is_engine_group(g)]
+        own = [g for g in groups if not is_engine_group(g)]
         # The command's own groups, sampling first, then the rest in their order.
         own.sort(key=lambda g: g.title != "sampling")
         sections = [(g.title, g.description, _visible(g._group_actions)) for g in own]

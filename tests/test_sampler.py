@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from minivllm.sample.logprobs import compute_prompt_logprobs
 from minivllm.sample.metadata import RequestSamplingState, SamplingMetadata
-from minivllm.sample.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
+from minivllm.sample.sampler import (
+    INVALID_TOKEN_ID,
+    Sampler,
+    apply_min_p,
+    apply_penalties,
+    apply_top_k_top_p,
+)
 from minivllm.sampling_params import SamplingParams
 
 VOCAB = 32
@@ -279,3 +285,29 @@ def test_metadata_skips_unused_knobs_and_accepts_worker_state() -> None:
     # A seeded but greedy request never consumes its generator.
     greedy_seeded = RequestSamplingState.create(SamplingParams(temperature=0, seed=3), [1])
     assert greedy_seeded.generator is None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("logprobs", [None, 2])
+def test_rows_with_non_finite_logits_are_marked_invalid(
+    temperature: float, logprobs: int | None
+) -> None:
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(5))
+    logits[1, 3] = float("nan")
+    logits[2] = float("-inf")  # every token masked out
+    logits[3, 7] = float("inf")
+    params = [SamplingParams(temperature=temperature, logprobs=logprobs) for _ in range(4)]
+    out, _ = _run(params, logits)
+    tokens = out.sampled_token_ids.tolist()
+    assert tokens[1:] == [INVALID_TOKEN_ID] * 3
+    assert 0 <= tokens[0] < VOCAB
+    if temperature == 0.0:
+        assert tokens[0] == int(logits[0].argmax())
+
+
+def test_masking_every_allowed_token_is_invalid_not_the_last_token() -> None:
+    # allowed_token_ids whose logits are -inf: nothing is left to sample.
+    logits = torch.zeros(1, VOCAB)
+    logits[0, :4] = float("-inf")
+    out, _ = _run([SamplingParams(temperature=1.0, allowed_token_ids=[0, 1, 2, 3])], logits)
+    assert out.sampled_token_ids.tolist() == [INVALID_TOKEN_ID]

@@ -34,7 +34,7 @@ from minivllm.model_executor.loader import load_model
 from minivllm.sample.logprobs import compute_prompt_logprobs
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.rejection_sampler import verify
-from minivllm.sample.sampler import Sampler, draw_uniform
+from minivllm.sample.sampler import INVALID_TOKEN_ID, Sampler, draw_uniform
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.structured_output.bitmask import GrammarBitmask, accept_tokens
 from minivllm.worker.forward_runner import ForwardRunner
@@ -242,7 +242,12 @@ class ModelRunner:
             tokens = out.sampled_token_ids.tolist()
             if out.logprobs is not None:
                 row_entries = out.logprobs.to_entries(meta.num_logprobs)
-            accept_tokens(inputs.sample_req_ids, matchers, tokens)
+            if INVALID_TOKEN_ID in tokens:
+                states, matchers, tokens, row_entries = _drop_invalid_rows(
+                    states, matchers, tokens, row_entries, failed
+                )
+                req_ids = [r for r in req_ids if r not in failed]
+            accept_tokens([s.req_id for s in states], matchers, tokens)
             for state, token, entry in zip(states, tokens, row_entries, strict=True):
                 state.output_token_ids.append(token)
                 sampled[state.req_id] = token
@@ -316,3 +321,29 @@ class ModelRunner:
                 result[req_id] = chunk
             offset += n
         return result
+
+
+def _drop_invalid_rows(
+    states: list[Any],
+    matchers: list[Any],
+    tokens: list[int],
+    entries: list[Any],
+    failed: dict[str, str],
+) -> tuple[list[Any], list[Any], list[int], list[Any]]:
+    """The rows whose logits were finite; the others' requests go into ``failed`` (the
+    scheduler finishes them with an error and frees their blocks; the batch goes on)."""
+    kept = []
+    for i, (state, token) in enumerate(zip(states, tokens, strict=True)):
+        if token == INVALID_TOKEN_ID:
+            failed[state.req_id] = (
+                "the logits became NaN or infinite (or every token was masked out), so "
+                "no token could be sampled; check the sampling parameters"
+            )
+        else:
+            kept.append(i)
+    return (
+        [states[i] for i in kept],
+        [matchers[i] for i in kept],
+        [tokens[i] for i in kept],
+        [entries[i] for i in kept],
+    )

@@ -159,9 +159,15 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
         watcher.cancel()
         if not task.done():
             task.cancel()
-    if task.cancelled():
-        return Response(status_code=499)  # nobody is listening; the status is for logs
-    return task.result()
+    if task.done():
+        return task.result()
+    # The client left first: let the cancellation run to its end (it aborts the engine
+    # requests); a cancelled task has no result to read until then.
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not log it as never retrieved
+    logger.info("client disconnected from %s; its request was aborted", request.url.path)
+    return Response(status_code=499)  # nobody is listening; the status is for logs
 
 
 def _respond(result: Any) -> Response:

@@ -135,6 +135,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> ChatCompletionResponse | AsyncIterator[str]:
         """The response, or the SSE stream when ``stream`` is set."""
         model = self.check_model(request.model)
+        self.warn_unknown_fields(request)
         params = self.make_params(request)
         plan = self.tool_plan(request)
         if plan is not None and request.tools:

@@ -58,6 +58,7 @@ class OpenAIServingCompletion(OpenAIServing):
         """The response, or the SSE stream when ``stream`` is set (errors before the first
         token raise `OpenAIServingError`)."""
         model = self.check_model(request.model)
+        self.warn_unknown_fields(request)
         if request.suffix is not None:
             raise OpenAIServingError("suffix is not supported", param="suffix")
         if request.best_of is not None and request.best_of != request.n:

@@ -28,7 +28,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from minivllm.engine.async_llm import AsyncLLM, EngineDeadError, EngineError, EngineShutdownError
-from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, StreamOptions, UsageInfo
+from minivllm.entrypoints.openai.protocol import (
+    ErrorInfo,
+    ErrorResponse,
+    StreamOptions,
+    UsageInfo,
+    unknown_fields,
+)
 from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
@@ -46,6 +52,7 @@ _ERROR_TYPES = {
     HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
     HTTPStatus.INTERNAL_SERVER_ERROR: "InternalServerError",
 }
+# Request fields a validation message may start with (reported as the error's param).
 _PARAM_NAMES = {
     "n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "stop",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
@@ -55,7 +62,10 @@ _PARAM_NAMES = {
 
 TOKENIZER_THREADS = 2
 """Threads that tokenize and render prompts (each with its own tokenizer copy)."""
-"""Request fields a validation message may start with (reported as the error's param)."""
+MAX_LOGGED_UNKNOWN_FIELDS = 10
+"""The most unknown request fields one warning names (the rest are only counted)."""
+MAX_LOGGED_FIELD_NAME = 64
+"""Characters of an unknown field's name a warning shows."""
 
 
 class OpenAIServingError(Exception):
@@ -175,6 +185,24 @@ class OpenAIServing:
             f"{', '.join(self.models.served_names)}.",
             HTTPStatus.NOT_FOUND,
             param="model",
+        )
+
+    def warn_unknown_fields(self, request: BaseModel) -> None:
+        """One bounded warning for the fields of ``request`` this server does not know:
+        at most `MAX_LOGGED_UNKNOWN_FIELDS` names, each cut short, the line cut to
+        --max-log-len (a body of thousands of 1 KB keys must not write megabytes)."""
+        count, names = unknown_fields(request, MAX_LOGGED_UNKNOWN_FIELDS)
+        if not count:
+            return
+        shown = ", ".join(
+            name if len(name) <= MAX_LOGGED_FIELD_NAME else name[:MAX_LOGGED_FIELD_NAME] + "..."
+            for name in names
+        )
+        if self.max_log_len is not None and len(shown) > self.max_log_len:
+            shown = shown[: self.max_log_len] + "..."
+        more = f" (and {count - len(names)} more)" if count > len(names) else ""
+        logger.warning(
+            "%s: ignoring %d unknown field(s): %s%s", type(request).__name__, count, shown, more
         )
 
     def make_params(self, request: Any) -> SamplingParams:

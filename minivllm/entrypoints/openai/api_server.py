@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minivllm import __version__
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.stat_logger import LoggingStatLogger
+from minivllm.entrypoints.openai.http_protocol import HttpLimits, guarded_protocol
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
 from minivllm.entrypoints.openai.protocol import (
     UNION_TAGS,
@@ -469,13 +470,19 @@ def run_server(args: argparse.Namespace) -> int:
                 args.host, args.port)  # fmt: skip
 
     timeout = float(vllm_config.shutdown_timeout)
+    limits = HttpLimits(
+        header_timeout_s=args.timeout_request_header,
+        body_timeout_s=args.timeout_request_body,
+        max_body_bytes=args.max_request_body_bytes,
+    )
     config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.uvicorn_log_level,
         timeout_graceful_shutdown=timeout + SHUTDOWN_GRACE_S,
-        timeout_keep_alive=5,
+        timeout_keep_alive=args.timeout_keep_alive,
+        http=guarded_protocol(limits),
     )
     server = _Server(config, on_exit=lambda: engine.begin_shutdown(timeout))
     server.run(sockets=[sock])

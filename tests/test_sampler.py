@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivllm.sample.logprobs import compute_prompt_logprobs
+from minivllm.sample.logprobs import compute_prompt_logprobs, prompt_logprob_entries
 from minivllm.sample.metadata import RequestSamplingState, SamplingMetadata
 from minivllm.sample.sampler import (
     INVALID_TOKEN_ID,
@@ -241,6 +241,26 @@ def test_compute_prompt_logprobs() -> None:
     assert lp.logprobs.shape == (3, 3)
     assert compute_prompt_logprobs(logits, targets, 0).logprobs.shape == (3, 1)
     assert compute_prompt_logprobs(logits, targets, -1).logprobs.shape == (3, VOCAB + 1)
+
+
+def test_prompt_logprobs_are_computed_a_slice_of_positions_at_a_time() -> None:
+    hidden = torch.randn(10, 8, generator=torch.Generator().manual_seed(2))
+    head = torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(3))
+    targets = torch.randint(0, VOCAB, (10,), generator=torch.Generator().manual_seed(4))
+    seen_rows: list[int] = []
+
+    def compute_logits(rows: torch.Tensor) -> torch.Tensor:
+        seen_rows.append(rows.shape[0])
+        return rows @ head
+
+    sliced = prompt_logprob_entries(hidden, compute_logits, targets, 3, rows_per_slice=4)
+    assert seen_rows == [4, 4, 2]  # never more than one slice of logits at once
+    whole = compute_prompt_logprobs(hidden @ head, targets, 3).to_entries()
+    assert len(sliced) == 10
+    for got, want in zip(sliced, whole, strict=True):
+        assert got is not None and want is not None
+        assert got[0] == want[0] and got[2] == want[2] and set(got[3]) == set(want[3])
+        assert got[1] == pytest.approx(want[1], abs=1e-5)
 
 
 def test_tiny_top_p_keeps_the_top_token() -> None:

@@ -31,7 +31,7 @@ from minivllm.logger import init_logger
 from minivllm.model_executor.custom_op import op_registry
 from minivllm.model_executor.layers.cpu_gemm import pack_linear_weights
 from minivllm.model_executor.loader import load_model
-from minivllm.sample.logprobs import compute_prompt_logprobs
+from minivllm.sample.logprobs import prompt_logprob_entries
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.rejection_sampler import verify
 from minivllm.sample.sampler import INVALID_TOKEN_ID, Sampler, draw_uniform
@@ -311,13 +311,15 @@ class ModelRunner:
                 chunk: list[Any] = [None] if start == 0 else []
                 if end > start:
                     rows = hidden[offset : offset + (end - start)]
-                    logits = self.model.compute_logits(rows)  # type: ignore[union-attr]
                     targets = torch.tensor(
                         state.prompt_token_ids[start + 1 : end + 1], device=self.device
                     )
-                    tensors = compute_prompt_logprobs(logits, targets, num_logprobs)
-                    k = self.vocab_size if num_logprobs == -1 else num_logprobs
-                    chunk += tensors.to_entries([k] * (end - start))
+                    chunk += prompt_logprob_entries(
+                        rows,
+                        self.model.compute_logits,  # type: ignore[union-attr]
+                        targets,
+                        num_logprobs,
+                    )
                 result[req_id] = chunk
             offset += n
         return result

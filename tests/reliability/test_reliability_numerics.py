@@ -185,6 +185,45 @@ def test_client_leaving_a_non_streaming_request_is_quiet(
     assert log.count("client disconnected") == 3, log
 
 
+# -- 6. prompt_logprobs ---------------------------------------------------------------
+def _check_prompt_logprobs(entries: list[Any], prompt_ids: list[int], k: int) -> None:
+    assert len(entries) == len(prompt_ids) and entries[0] is None
+    for token_id, entry in zip(prompt_ids[1:], entries[1:], strict=True):
+        assert str(token_id) in entry and len(entry) <= k + 1, entry
+        for value in entry.values():
+            assert set(value) == {"logprob", "rank", "decoded_token"}
+            assert -9999.0 <= value["logprob"] <= 0.0 and value["rank"] >= 1
+        assert sorted(v["rank"] for v in entry.values())[:k] == list(range(1, k + 1))
+
+
+def test_prompt_logprobs_are_returned_and_bounded(server: RemoteServer, solo_s: float) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog"
+    ids = _post(server, "/tokenize", {"prompt": prompt}).json()["tokens"]
+    with _alongside(server, solo_s):
+        body = {"prompt": prompt, "max_tokens": 2, "prompt_logprobs": 2, "n": 2,
+                "temperature": 0.5}  # fmt: skip
+        choices = _post(server, CMPL, body).json()["choices"]
+        assert len(choices) == 2
+        for choice in choices:
+            _check_prompt_logprobs(choice["prompt_logprobs"], ids, 2)
+        # The echoed legacy logprobs of the prompt are the same numbers.
+        echo = {"prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 2}
+        legacy = _post(server, CMPL, echo).json()["choices"][0]["logprobs"]["token_logprobs"]
+        ours = choices[0]["prompt_logprobs"]
+        for i in range(1, len(ids)):
+            assert ours[i][str(ids[i])]["logprob"] == pytest.approx(legacy[i], abs=1e-3)
+        assert "prompt_logprobs" not in _post(server, CMPL, echo).json()["choices"][0] or (
+            _post(server, CMPL, echo).json()["choices"][0]["prompt_logprobs"] is None
+        )
+        chat = _post(server, CHAT, {"messages": MSGS, "max_tokens": 1, "prompt_logprobs": 1})
+        assert chat.status_code == 200 and chat.json()["prompt_logprobs"][0] is None
+        # Bounded: at most max_logprobs (20) per position, and not in a stream.
+        for extra in ({"prompt_logprobs": 21}, {"prompt_logprobs": -1},
+                      {"prompt_logprobs": 1, "stream": True}):  # fmt: skip
+            error = _error(_post(server, CMPL, {"prompt": prompt, **extra}), 400)
+            assert error["param"] == "prompt_logprobs", error
+
+
 # -- 7. unknown fields ------------------------------------------------------------
 def test_unknown_fields_are_logged_bounded(server: RemoteServer, solo_s: float) -> None:
     body = {"prompt": "Hi", "max_tokens": 2}

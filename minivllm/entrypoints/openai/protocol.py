@@ -194,6 +194,11 @@ class SamplingRequest(OpenAIRequest, StructuredOutputFields):
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this request; ValueError names the field at fault."""
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError(
+                "prompt_logprobs are not available with stream=true (as in vLLM); send the "
+                "request without stream to get them"
+            )
         return SamplingParams(
             n=self.n,
             presence_penalty=self.presence_penalty or 0.0,
@@ -278,12 +283,25 @@ class _SpecDecodeMetricsChoice(OpenAIBaseModel):
         return data
 
 
+class PromptLogprob(OpenAIBaseModel):
+    """One token's entry in ``prompt_logprobs`` (vLLM's shape)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+"""One entry per prompt token (None for the first): token id -> its logprob."""
+
+
 class CompletionResponseChoice(_SpecDecodeMetricsChoice):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -418,6 +436,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
     system_fingerprint: str | None = SYSTEM_FINGERPRINT
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import re
 import threading
 import uuid
@@ -31,7 +30,8 @@ from minivllm.engine.async_llm import AsyncLLM, EngineDeadError, EngineError, En
 from minivllm.entrypoints.openai.protocol import (
     ErrorInfo,
     ErrorResponse,
-    StreamOptions,
+    PromptLogprob,
+    PromptLogprobs,
     UsageInfo,
     unknown_fields,
 )
@@ -324,40 +324,6 @@ def usage_of(num_prompt_tokens: int, num_completion_tokens: int) -> UsageInfo:
     )
 
 
-def sse(chunk: BaseModel | dict[str, Any]) -> str:
-    """One server-sent event carrying ``chunk`` as JSON."""
-    if isinstance(chunk, BaseModel):
-        body = chunk.model_dump_json(exclude_unset=True)
-    else:
-        body = json.dumps(chunk)
-    return f"data: {body}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-"""The event that ends every stream."""
-
-
-def stream_usage_options(opts: StreamOptions | None) -> tuple[bool, bool]:
-    """``(include_usage, continuous_usage_stats)`` of a request's ``stream_options``.
-
-    Continuous stats only count when usage is included at all.
-    """
-    include_usage = bool(opts and opts.include_usage)
-    return include_usage, bool(include_usage and opts and opts.continuous_usage_stats)
-
-
-def sse_usage(
-    chunk_cls: type[BaseModel], request_id: str, created: int, model: str, usage: UsageInfo
-) -> str:
-    """A stream's closing usage event: a ``chunk_cls`` chunk with no choices."""
-    return sse(chunk_cls(id=request_id, created=created, model=model, choices=[], usage=usage))
-
-
-def sse_error(exc: BaseException) -> str:
-    """An error in the middle of a stream (the HTTP status is already sent)."""
-    return sse(OpenAIServingError.from_exception(exc).to_response())
-
-
 async def merge_async_iterators(
     *iterators: AsyncIterator[Any],
 ) -> AsyncIterator[tuple[int, Any]]:
@@ -400,3 +366,20 @@ async def merge_async_iterators(
 def clamp_logprob(value: float) -> float:
     """JSON has no -inf; like vLLM, report impossible tokens as -9999."""
     return max(value, -9999.0)
+
+
+def prompt_logprobs_of(output: RequestOutput) -> PromptLogprobs | None:
+    """A response's ``prompt_logprobs``: the engine's, with -inf clamped."""
+    if output.prompt_logprobs is None:
+        return None
+    return [
+        None
+        if position is None
+        else {
+            token_id: PromptLogprob(
+                logprob=clamp_logprob(lp.logprob), rank=lp.rank, decoded_token=lp.decoded_token
+            )
+            for token_id, lp in position.items()
+        }
+        for position in output.prompt_logprobs
+    ]

@@ -247,29 +247,10 @@ def run_server(args: argparse.Namespace) -> int:
     SIGTERM/SIGINT; 0 once a SIGTERM's drain is done."""
     import time
 
-    from minivllm.engine.llm_engine import LLMEngine
-    from minivllm.entrypoints.model_tag import engine_args_from_cli
-
     sock = bind_socket(args.host, args.port)
     start = time.perf_counter()
-    vllm_config = engine_args_from_cli(args).create_engine_config()
-    mc = vllm_config.model_config
+    engine, stat_logger = _start_engine(args)
     names = _served_names(args)
-    registry = CollectorRegistry()
-    stat_logger = PrometheusStatLogger(
-        mc.served_model_name, mc.max_model_len, registry, vllm_config.num_speculative_tokens
-    )
-    stat_loggers: list[Any] = [stat_logger]
-    if not vllm_config.logging_config.disable_log_stats:
-        stat_loggers.append(LoggingStatLogger(vllm_config.logging_config.log_stats_interval_s))
-    engine = AsyncLLM(LLMEngine(vllm_config), stat_loggers=stat_loggers)
-    stat_logger.log_cache_config(vllm_config.cache_config)
-    cors = CORSSettings(
-        allowed_origins=args.allowed_origins,
-        allowed_methods=args.allowed_methods,
-        allowed_headers=args.allowed_headers,
-        allow_credentials=args.allow_credentials,
-    )
     app = build_app(
         engine,
         served_model_names=names,
@@ -279,32 +260,62 @@ def run_server(args: argparse.Namespace) -> int:
         max_request_body_bytes=args.max_request_body_bytes,
         trust_request_chat_template=args.trust_request_chat_template,
         enable_log_requests=args.enable_log_requests,
-        cors=cors,
+        cors=CORSSettings(
+            allowed_origins=args.allowed_origins,
+            allowed_methods=args.allowed_methods,
+            allowed_headers=args.allowed_headers,
+            allow_credentials=args.allow_credentials,
+        ),
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
     )
     print(config_summary(engine, args.host, args.port, args.api_key, names), flush=True)
     logger.info("ready in %.1f s: serving on http://%s:%d", time.perf_counter() - start,
                 args.host, args.port)  # fmt: skip
+    timeout = float(engine.vllm_config.shutdown_timeout)
+    server = _Server(_uvicorn_config(app, args, timeout), lambda: engine.begin_shutdown(timeout))
+    server.run(sockets=[sock])
+    return 0
 
-    timeout = float(vllm_config.shutdown_timeout)
+
+def _start_engine(args: argparse.Namespace) -> tuple[AsyncLLM, PrometheusStatLogger]:
+    """The engine the flags describe, with its Prometheus (and log) stat loggers."""
+    from minivllm.engine.llm_engine import LLMEngine
+    from minivllm.entrypoints.model_tag import engine_args_from_cli
+
+    vllm_config = engine_args_from_cli(args).create_engine_config()
+    mc = vllm_config.model_config
+    stat_logger = PrometheusStatLogger(
+        mc.served_model_name,
+        mc.max_model_len,
+        CollectorRegistry(),
+        vllm_config.num_speculative_tokens,
+    )
+    stat_loggers: list[Any] = [stat_logger]
+    if not vllm_config.logging_config.disable_log_stats:
+        stat_loggers.append(LoggingStatLogger(vllm_config.logging_config.log_stats_interval_s))
+    engine = AsyncLLM(LLMEngine(vllm_config), stat_loggers=stat_loggers)
+    stat_logger.log_cache_config(vllm_config.cache_config)
+    return engine, stat_logger
+
+
+def _uvicorn_config(app: FastAPI, args: argparse.Namespace, drain_s: float) -> uvicorn.Config:
+    """uvicorn's settings: the flags' timeouts, on connections guarded against slow
+    clients (`http_protocol`)."""
     limits = HttpLimits(
         header_timeout_s=args.timeout_request_header,
         body_timeout_s=args.timeout_request_body,
         max_body_bytes=args.max_request_body_bytes,
     )
-    config = uvicorn.Config(
+    return uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=timeout + SHUTDOWN_GRACE_S,
+        timeout_graceful_shutdown=drain_s + SHUTDOWN_GRACE_S,
         timeout_keep_alive=args.timeout_keep_alive,
         http=guarded_protocol(limits),
     )
-    server = _Server(config, on_exit=lambda: engine.begin_shutdown(timeout))
-    server.run(sockets=[sock])
-    return 0
 
 
 class _Server(uvicorn.Server):

@@ -239,14 +239,7 @@ def _server_bounds(schemas: dict[str, Any], limits: ServerLimits) -> None:
 def _bound_field(request: str, field: str, prop: Any, limits: ServerLimits) -> None:
     """The server's range for one field of ``request``'s schema (in place)."""
     if field in _TOKEN_ID_FIELDS:
-        for node in _schemas(prop, "integer"):
-            node.update(minimum=0, maximum=limits.vocab_size - 1)
-        if field != "tokens":  # /detokenize of no tokens is the empty text
-            for node in _schemas(prop, "array"):
-                node["minItems"] = 1
-        if field == "prompt" and request != "TokenizeCompletionRequest":
-            for node in _schemas(prop, "string"):  # an empty prompt has no token
-                node["minLength"] = 1
+        _bound_token_ids(request, field, prop, limits.vocab_size)
     elif field == "messages":  # a chat template renders no empty conversation
         for node in _schemas(prop, "array"):
             node["minItems"] = 1
@@ -256,6 +249,17 @@ def _bound_field(request: str, field: str, prop: Any, limits: ServerLimits) -> N
     elif field in _LOGPROB_FIELDS:
         for node in _schemas(prop, "integer"):
             node["maximum"] = limits.max_logprobs
+
+
+def _bound_token_ids(request: str, field: str, prop: Any, vocab_size: int) -> None:
+    for node in _schemas(prop, "integer"):
+        node.update(minimum=0, maximum=vocab_size - 1)
+    if field != "tokens":  # /detokenize of no tokens is the empty text
+        for node in _schemas(prop, "array"):
+            node["minItems"] = 1
+    if field == "prompt" and request != "TokenizeCompletionRequest":
+        for node in _schemas(prop, "string"):  # an empty prompt has no token
+            node["minLength"] = 1
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,19 @@ class OpenAIServingChat(OpenAIServing):
         if request.stream:
             [generator] = await start_streams([generator])
             return self._stream(request, request_id, created, model, len(ids), generator, plan)
+        return await self._full(request, request_id, created, model, len(ids), generator, plan)
+
+    async def _full(
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        created: int,
+        model: str,
+        num_prompt_tokens: int,
+        generator: AsyncIterator[RequestOutput],
+        plan: ToolPlan | None,
+    ) -> ChatCompletionResponse:
+        """The whole (non-streaming) answer."""
         final: RequestOutput | None = None
         try:
             async for output in generator:
@@ -162,38 +175,38 @@ class OpenAIServingChat(OpenAIServing):
         except Exception as exc:
             raise OpenAIServingError.from_exception(exc) from None
         assert final is not None
-        choices = []
-        num_completion_tokens = 0
-        for completion in final.outputs:
-            num_completion_tokens += len(completion.token_ids)
-            logprobs = None
-            if request.logprobs:
-                logprobs = self.chat_logprobs(
-                    completion.token_ids, completion.logprobs or [], request.top_logprobs or 0
-                )
-            content: str | None = completion.text
-            tool_calls = []
-            finish_reason = completion.finish_reason
-            if plan is not None:
-                content, tool_calls = plan.extract(completion.text)
-                finish_reason = _finish_reason(plan, finish_reason, bool(tool_calls))
-            choices.append(
-                ChatCompletionResponseChoice(
-                    index=completion.index,
-                    message=ChatResponseMessage(role=ROLE, content=content, tool_calls=tool_calls),
-                    logprobs=logprobs,
-                    finish_reason=finish_reason,
-                    stop_reason=completion.stop_reason,
-                    spec_decode_metrics=completion.spec_decode_metrics,
-                )
-            )
+        choices = [self._choice(request, completion, plan) for completion in final.outputs]
+        num_completion_tokens = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(
             id=request_id,
             created=created,
             model=model,
             choices=choices,
-            usage=usage_of(len(ids), num_completion_tokens),
+            usage=usage_of(num_prompt_tokens, num_completion_tokens),
             prompt_logprobs=None if request.prompt_logprobs is None else prompt_logprobs_of(final),
+        )
+
+    def _choice(
+        self, request: ChatCompletionRequest, completion: CompletionOutput, plan: ToolPlan | None
+    ) -> ChatCompletionResponseChoice:
+        logprobs = None
+        if request.logprobs:
+            logprobs = self.chat_logprobs(
+                completion.token_ids, completion.logprobs or [], request.top_logprobs or 0
+            )
+        content: str | None = completion.text
+        tool_calls = []
+        finish_reason = completion.finish_reason
+        if plan is not None:
+            content, tool_calls = plan.extract(completion.text)
+            finish_reason = _finish_reason(plan, finish_reason, bool(tool_calls))
+        return ChatCompletionResponseChoice(
+            index=completion.index,
+            message=ChatResponseMessage(role=ROLE, content=content, tool_calls=tool_calls),
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            stop_reason=completion.stop_reason,
+            spec_decode_metrics=completion.spec_decode_metrics,
         )
 
     def _stream(

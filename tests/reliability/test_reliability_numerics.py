@@ -140,13 +140,18 @@ NON_FINITE = [
 def test_non_finite_sampling_values_are_a_400_naming_the_parameter(
     server: RemoteServer, solo_s: float
 ) -> None:
-    with _alongside(server, solo_s):
-        for path, body in CONSTRAINED:
-            for field, param in NON_FINITE:
-                # Spliced in as text: JSON encoders refuse to write Infinity / NaN.
-                raw = json.dumps({**body, "max_tokens": 4})[:-1] + ", " + field + "}"
-                error = _error(_post(server, path, raw), 400)
-                assert (error["param"] or "").startswith(param), (field, error)
+    def attack(path: str, body: dict[str, Any], field: str, param: str) -> None:
+        # Spliced in as text: JSON encoders refuse to write Infinity / NaN.
+        raw = json.dumps({**body, "max_tokens": 4})[:-1] + ", " + field + "}"
+        error = _error(_post(server, path, raw), 400)
+        assert (error["param"] or "").startswith(param), (field, error)
+
+    with _alongside(server, solo_s):  # each value once, the constraints in turn
+        for i, (field, param) in enumerate(NON_FINITE):
+            attack(*CONSTRAINED[i % len(CONSTRAINED)], field, param)
+    for path, body in CONSTRAINED:  # and every pair
+        for field, param in NON_FINITE:
+            attack(path, body, field, param)
     # The constraints themselves still hold at a finite temperature.
     path, body = CONSTRAINED[0]
     resp = _post(server, path, {**body, "max_tokens": 3, "temperature": 100})

@@ -28,6 +28,9 @@ MIN_REPETITION_PENALTY = 1e-2
 MAX_REPETITION_PENALTY = 100.0
 # logit_bias values' range (OpenAI's documented one).
 MAX_LOGIT_BIAS = 100.0
+# How a request whose constraints (allowed_token_ids, a grammar, biases) left no token
+# to sample fails; the server answers it with a 400.
+NO_ALLOWED_TOKEN_ERROR = "every token was masked out"
 # vLLM's ModelConfig.max_logprobs default: the most logprobs a request may ask for.
 DEFAULT_MAX_LOGPROBS = 20
 # The seeds torch.Generator.manual_seed takes (a 64-bit value, signed or unsigned);

@@ -13,6 +13,7 @@ from minivllm.sample.logprobs import compute_prompt_logprobs, prompt_logprob_ent
 from minivllm.sample.metadata import RequestSamplingState, SamplingMetadata
 from minivllm.sample.sampler import (
     INVALID_TOKEN_ID,
+    NO_ALLOWED_TOKEN_ID,
     Sampler,
     apply_min_p,
     apply_penalties,
@@ -319,7 +320,7 @@ def test_rows_with_non_finite_logits_are_marked_invalid(
     params = [SamplingParams(temperature=temperature, logprobs=logprobs) for _ in range(4)]
     out, _ = _run(params, logits)
     tokens = out.sampled_token_ids.tolist()
-    assert tokens[1:] == [INVALID_TOKEN_ID] * 3
+    assert tokens[1:] == [INVALID_TOKEN_ID, NO_ALLOWED_TOKEN_ID, INVALID_TOKEN_ID]
     assert 0 <= tokens[0] < VOCAB
     if temperature == 0.0:
         assert tokens[0] == int(logits[0].argmax())
@@ -330,4 +331,4 @@ def test_masking_every_allowed_token_is_invalid_not_the_last_token() -> None:
     logits = torch.zeros(1, VOCAB)
     logits[0, :4] = float("-inf")
     out, _ = _run([SamplingParams(temperature=1.0, allowed_token_ids=[0, 1, 2, 3])], logits)
-    assert out.sampled_token_ids.tolist() == [INVALID_TOKEN_ID]
+    assert out.sampled_token_ids.tolist() == [NO_ALLOWED_TOKEN_ID]

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from minivllm.engine.llm_engine import LLMEngine, PromptInput
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.sampling_params import NO_ALLOWED_TOKEN_ERROR, RequestOutputKind, SamplingParams
 from minivllm.stats import FinishedRequestStats, IterationStats, SchedulerStats
 
 if TYPE_CHECKING:
@@ -46,6 +46,10 @@ IDLE_POLL_S = 1.0
 
 class EngineError(RuntimeError):
     """The engine failed while serving this request (the server itself keeps running)."""
+
+
+class RequestConstraintError(EngineError):
+    """The request's own constraints left no token to sample (a client error)."""
 
 
 class EngineDeadError(EngineError):
@@ -349,7 +353,12 @@ class AsyncLLM:
             item: RequestOutput | BaseException = output
             if output.finished and output.error is not None:
                 # Only this request's own inputs failed; the batch carried on without it.
-                item = EngineError(f"request {output.request_id} failed: {output.error}")
+                error = (
+                    RequestConstraintError
+                    if NO_ALLOWED_TOKEN_ERROR in output.error
+                    else EngineError
+                )
+                item = error(f"request {output.request_id} failed: {output.error}")
             batches.setdefault(stream.loop, []).append((stream, item))
         for loop, items in batches.items():
             self._call_in_loop(loop, _put_all, items)

@@ -15,9 +15,10 @@ Steps, in vLLM v1's order:
    inverting the row's CDF with one uniform number.  A seeded row draws that
    number from its own generator, so its tokens depend only on its own history.
 
-A row whose logits are no longer finite (NaN, +inf, or every token at -inf once masked)
-gets the token id `INVALID_TOKEN_ID` instead of a draw: sampling it would return an
-arbitrary token past every constraint, so the model runner fails that request alone.
+A row whose logits are no longer finite (NaN, +inf) gets the token id
+`INVALID_TOKEN_ID`, and one whose every token is at -inf once masked gets
+`NO_ALLOWED_TOKEN_ID`, instead of a draw: sampling it would return an arbitrary token
+past every constraint, so the model runner fails that request alone.
 
 Everything is batched; the only per-row Python loop is the seeded rows' draws.
 A batch of plain greedy rows (no logprobs, penalties, constraints or grammar) skips
@@ -35,7 +36,9 @@ from minivllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_l
 from minivllm.sample.metadata import SamplingMetadata
 
 INVALID_TOKEN_ID = -1
-"""The sampled id of a row whose logits were not finite (see the module doc)."""
+"""The sampled id of a row whose logits were NaN or +inf (see the module doc)."""
+NO_ALLOWED_TOKEN_ID = -2
+"""The sampled id of a row whose every logit was -inf (see the module doc)."""
 
 
 @dataclass
@@ -165,9 +168,11 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
 
 def mark_invalid(tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """``tokens`` with `INVALID_TOKEN_ID` on the rows of ``logits`` whose largest value
-    is not finite: NaN anywhere, +inf, or nothing above -inf."""
-    return tokens.masked_fill(~torch.isfinite(logits.amax(dim=-1)), INVALID_TOKEN_ID)
+    """``tokens`` with `NO_ALLOWED_TOKEN_ID` on the rows of ``logits`` with nothing above
+    -inf and `INVALID_TOKEN_ID` on those with a NaN or +inf."""
+    row_max = logits.amax(dim=-1)
+    tokens = tokens.masked_fill(row_max == float("-inf"), NO_ALLOWED_TOKEN_ID)
+    return tokens.masked_fill(row_max.isnan() | (row_max == float("inf")), INVALID_TOKEN_ID)
 
 
 class Sampler(nn.Module):
@@ -193,8 +198,8 @@ class Sampler(nn.Module):
         if not meta.no_penalties:
             logits = apply_penalties(logits, meta)
         # Checked before sample() edits the logits: greedy rows take their argmax there.
-        valid = torch.isfinite(logits.amax(dim=-1))
-        sampled = self.sample(logits, meta).masked_fill_(~valid, INVALID_TOKEN_ID)
+        checked = logits.amax(dim=-1, keepdim=True)
+        sampled = mark_invalid(self.sample(logits, meta), checked)
 
         logprobs = None
         if raw_logprobs is not None:

@@ -34,7 +34,13 @@ from minivllm.model_executor.loader import load_model
 from minivllm.sample.logprobs import prompt_logprob_entries
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.rejection_sampler import verify
-from minivllm.sample.sampler import INVALID_TOKEN_ID, Sampler, draw_uniform
+from minivllm.sample.sampler import (
+    INVALID_TOKEN_ID,
+    NO_ALLOWED_TOKEN_ID,
+    Sampler,
+    draw_uniform,
+)
+from minivllm.sampling_params import NO_ALLOWED_TOKEN_ERROR
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.structured_output.bitmask import GrammarBitmask, accept_tokens
 from minivllm.worker.forward_runner import ForwardRunner
@@ -242,7 +248,7 @@ class ModelRunner:
             tokens = out.sampled_token_ids.tolist()
             if out.logprobs is not None:
                 row_entries = out.logprobs.to_entries(meta.num_logprobs)
-            if INVALID_TOKEN_ID in tokens:
+            if min(tokens) < 0:  # INVALID_TOKEN_ID or NO_ALLOWED_TOKEN_ID
                 states, matchers, tokens, row_entries = _drop_invalid_rows(
                     states, matchers, tokens, row_entries, failed
                 )
@@ -336,10 +342,15 @@ def _drop_invalid_rows(
     scheduler finishes them with an error and frees their blocks; the batch goes on)."""
     kept = []
     for i, (state, token) in enumerate(zip(states, tokens, strict=True)):
-        if token == INVALID_TOKEN_ID:
+        if token == NO_ALLOWED_TOKEN_ID:
             failed[state.req_id] = (
-                "the logits became NaN or infinite (or every token was masked out), so "
-                "no token could be sampled; check the sampling parameters"
+                f"{NO_ALLOWED_TOKEN_ERROR} by the request's constraints (allowed_token_ids, "
+                "structured output, logit_bias, min_tokens), so no token could be sampled"
+            )
+        elif token == INVALID_TOKEN_ID:
+            failed[state.req_id] = (
+                "the logits became NaN or infinite, so no token could be sampled; check "
+                "the sampling parameters"
             )
         else:
             kept.append(i)

@@ -26,7 +26,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from minivllm.engine.async_llm import AsyncLLM, EngineDeadError, EngineError, EngineShutdownError
+from minivllm.engine.async_llm import (
+    AsyncLLM,
+    EngineDeadError,
+    EngineError,
+    EngineShutdownError,
+    RequestConstraintError,
+)
 from minivllm.entrypoints.openai.protocol import (
     ErrorInfo,
     ErrorResponse,
@@ -98,6 +104,8 @@ class OpenAIServingError(Exception):
             return exc
         if isinstance(exc, EngineShutdownError):
             return cls(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+        if isinstance(exc, RequestConstraintError):
+            return cls(str(exc), HTTPStatus.BAD_REQUEST)
         if isinstance(exc, (EngineDeadError, EngineError)):
             return cls(str(exc), HTTPStatus.INTERNAL_SERVER_ERROR)
         if isinstance(exc, ValueError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,17 @@ logger = init_logger(__name__)
 SAMPLING_EPS = 1e-5
 # Positive temperatures below this blow logits up to inf/nan, so they are raised to it.
 MIN_RANDOM_TEMPERATURE = 1e-2
+# The hottest temperature accepted: past ~10 sampling is already close to uniform, and
+# a temperature beyond float32's range (3.4e38) scales the logits to inf / NaN.
+MAX_TEMPERATURE = 100.0
+# repetition_penalty's range: dividing logits by a tiny penalty overflows them to inf.
+MIN_REPETITION_PENALTY = 1e-2
+MAX_REPETITION_PENALTY = 100.0
+# logit_bias values' range (OpenAI's documented one).
+MAX_LOGIT_BIAS = 100.0
+# How a request whose constraints (allowed_token_ids, a grammar, biases) left no token
+# to sample fails; the server answers it with a 400.
+NO_ALLOWED_TOKEN_ERROR = "every token was masked out"
 # vLLM's ModelConfig.max_logprobs default: the most logprobs a request may ask for.
 DEFAULT_MAX_LOGPROBS = 20
 # The seeds torch.Generator.manual_seed takes (a 64-bit value, signed or unsigned);
@@ -47,8 +59,9 @@ class RequestOutputKind(enum.Enum):
 
 
 def _check_range(name: str, value: float, low: float, high: float) -> None:
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}.")
+    # Written so that NaN fails too (every comparison with NaN is False).
+    if isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}.")
 
 
 @dataclass
@@ -142,9 +155,9 @@ class SamplingParams:
     """Subtracted from a token's logit per time it was generated; in [-2, 2]."""
     repetition_penalty: float = 1.0
     """Divides positive (multiplies negative) logits of tokens seen in the prompt or the
-    output; 1 disables, values > 1 discourage repeats. Must be > 0."""
+    output; 1 disables, values > 1 discourage repeats. In [0.01, 100]."""
     temperature: float = 1.0
-    """Softmax temperature; 0 means greedy (argmax) decoding."""
+    """Softmax temperature; 0 means greedy (argmax) decoding. In [0, 100]."""
     top_p: float = 1.0
     """Keep the smallest set of tokens whose probabilities add up to top_p; in (0, 1]."""
     top_k: int = 0
@@ -179,7 +192,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     """Keep the matched stop string at the end of the output text."""
     logit_bias: dict[int, float] | None = None
-    """Added to the logits of the given token ids before sampling."""
+    """Added to the logits of the given token ids before sampling; values in [-100, 100]."""
     allowed_token_ids: list[int] | None = None
     """If set, only these token ids can be generated."""
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
@@ -244,19 +257,7 @@ class SamplingParams:
     def _verify_args(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}.")
-        _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        if not self.repetition_penalty > 0.0:
-            raise ValueError(
-                f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}."
-            )
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be 0 or -1 (disabled) or >= 1, got {self.top_k!r}.")
-        _check_range("min_p", self.min_p, 0.0, 1.0)
+        self._verify_floats()
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1 (or None), got {self.max_tokens}.")
         if self.min_tokens < 0:
@@ -286,6 +287,31 @@ class SamplingParams:
             if any(not isinstance(t, int) or t < 0 for t in self.allowed_token_ids):
                 raise ValueError("allowed_token_ids must be non-negative ints.")
         self._verify_seed()
+
+    def _verify_floats(self) -> None:
+        """Every float knob finite and in a range the sampler computes safely in float32:
+        an infinite temperature or bias turns a row's logits into NaN, and a NaN row
+        would pick an arbitrary token past every constraint."""
+        _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _check_range(
+            "repetition_penalty",
+            self.repetition_penalty,
+            MIN_REPETITION_PENALTY,
+            MAX_REPETITION_PENALTY,
+        )
+        _check_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        if isinstance(self.top_p, bool) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}.")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be 0 or -1 (disabled) or >= 1, got {self.top_k!r}.")
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        for token_id, bias in (self.logit_bias or {}).items():
+            if not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(
+                    f"logit_bias values must be finite numbers in [-{MAX_LOGIT_BIAS}, "
+                    f"{MAX_LOGIT_BIAS}], got {bias!r} for token {token_id}."
+                )
 
     def _verify_seed(self) -> None:
         seed = self.seed

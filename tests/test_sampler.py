@@ -9,9 +9,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivllm.sample.logprobs import compute_prompt_logprobs
+from minivllm.sample.logprobs import compute_prompt_logprobs, prompt_logprob_entries
 from minivllm.sample.metadata import RequestSamplingState, SamplingMetadata
-from minivllm.sample.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
+from minivllm.sample.sampler import (
+    INVALID_TOKEN_ID,
+    NO_ALLOWED_TOKEN_ID,
+    Sampler,
+    apply_min_p,
+    apply_penalties,
+    apply_top_k_top_p,
+)
 from minivllm.sampling_params import SamplingParams
 
 VOCAB = 32
@@ -237,6 +244,26 @@ def test_compute_prompt_logprobs() -> None:
     assert compute_prompt_logprobs(logits, targets, -1).logprobs.shape == (3, VOCAB + 1)
 
 
+def test_prompt_logprobs_are_computed_a_slice_of_positions_at_a_time() -> None:
+    hidden = torch.randn(10, 8, generator=torch.Generator().manual_seed(2))
+    head = torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(3))
+    targets = torch.randint(0, VOCAB, (10,), generator=torch.Generator().manual_seed(4))
+    seen_rows: list[int] = []
+
+    def compute_logits(rows: torch.Tensor) -> torch.Tensor:
+        seen_rows.append(rows.shape[0])
+        return rows @ head
+
+    sliced = prompt_logprob_entries(hidden, compute_logits, targets, 3, rows_per_slice=4)
+    assert seen_rows == [4, 4, 2]  # never more than one slice of logits at once
+    whole = compute_prompt_logprobs(hidden @ head, targets, 3).to_entries()
+    assert len(sliced) == 10
+    for got, want in zip(sliced, whole, strict=True):
+        assert got is not None and want is not None
+        assert got[0] == want[0] and got[2] == want[2] and set(got[3]) == set(want[3])
+        assert got[1] == pytest.approx(want[1], abs=1e-5)
+
+
 def test_tiny_top_p_keeps_the_top_token() -> None:
     # 1 - 1e-9 rounds to 1.0 in float32, so every cumulative sum qualifies as "tail";
     # the most likely token must survive anyway.
@@ -279,3 +306,29 @@ def test_metadata_skips_unused_knobs_and_accepts_worker_state() -> None:
     # A seeded but greedy request never consumes its generator.
     greedy_seeded = RequestSamplingState.create(SamplingParams(temperature=0, seed=3), [1])
     assert greedy_seeded.generator is None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("logprobs", [None, 2])
+def test_rows_with_non_finite_logits_are_marked_invalid(
+    temperature: float, logprobs: int | None
+) -> None:
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(5))
+    logits[1, 3] = float("nan")
+    logits[2] = float("-inf")  # every token masked out
+    logits[3, 7] = float("inf")
+    params = [SamplingParams(temperature=temperature, logprobs=logprobs) for _ in range(4)]
+    out, _ = _run(params, logits)
+    tokens = out.sampled_token_ids.tolist()
+    assert tokens[1:] == [INVALID_TOKEN_ID, NO_ALLOWED_TOKEN_ID, INVALID_TOKEN_ID]
+    assert 0 <= tokens[0] < VOCAB
+    if temperature == 0.0:
+        assert tokens[0] == int(logits[0].argmax())
+
+
+def test_masking_every_allowed_token_is_invalid_not_the_last_token() -> None:
+    # allowed_token_ids whose logits are -inf: nothing is left to sample.
+    logits = torch.zeros(1, VOCAB)
+    logits[0, :4] = float("-inf")
+    out, _ = _run([SamplingParams(temperature=1.0, allowed_token_ids=[0, 1, 2, 3])], logits)
+    assert out.sampled_token_ids.tolist() == [NO_ALLOWED_TOKEN_ID]

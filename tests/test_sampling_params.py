@@ -169,3 +169,26 @@ def test_request_output_add_and_repr() -> None:
     replaced.add(out("Hello", [5, 6], False), aggregate=False)
     assert replaced.outputs[0].text == "Hello" and not replaced.finished
     assert "RequestOutput(request_id=r1" in repr(total) and "text='Hello'" in repr(total)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", float("inf")),
+        ("temperature", 1e39),
+        ("temperature", float("nan")),
+        ("top_p", float("nan")),
+        ("min_p", float("nan")),
+        ("presence_penalty", float("-inf")),
+        ("frequency_penalty", float("nan")),
+        ("repetition_penalty", float("inf")),
+        ("repetition_penalty", 1e-30),
+        ("logit_bias", {3: float("inf")}),
+        ("logit_bias", {3: float("nan")}),
+        ("logit_bias", {3: 1e6}),
+    ],
+)
+def test_non_finite_or_out_of_range_floats_are_refused(field: str, value: object) -> None:
+    # Values that turn a row's logits into inf / NaN in float32 never reach the sampler.
+    with pytest.raises(ValueError, match=f"^{field}"):
+        SamplingParams(**{field: value})  # type: ignore[arg-type]

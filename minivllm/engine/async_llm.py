@@ -31,8 +31,9 @@ from minivllm.engine.input_processor import PromptInput, ValidatedRequest
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.sampling_params import NO_ALLOWED_TOKEN_ERROR, RequestOutputKind, SamplingParams
 from minivllm.stats import FinishedRequestStats, IterationStats, SchedulerStats
+from minivllm.structured_output.spec import GRAMMAR_ERROR_PREFIX
 
 if TYPE_CHECKING:
     from minivllm.args.engine_args import EngineArgs
@@ -47,6 +48,11 @@ IDLE_POLL_S = 1.0
 
 class EngineError(RuntimeError):
     """The engine failed while serving this request (the server itself keeps running)."""
+
+
+class RequestConstraintError(EngineError):
+    """The request's own constraints left no token to sample, or its grammar broke a
+    structured-output limit mid-generation (a client error: the server answers 400)."""
 
 
 class EngineDeadError(EngineError):
@@ -377,7 +383,13 @@ class AsyncLLM:
             item: RequestOutput | BaseException = output
             if output.finished and output.error is not None:
                 # Only this request's own inputs failed; the batch carried on without it.
-                item = EngineError(f"request {output.request_id} failed: {output.error}")
+                error = (
+                    RequestConstraintError
+                    if NO_ALLOWED_TOKEN_ERROR in output.error
+                    or output.error.startswith(GRAMMAR_ERROR_PREFIX)
+                    else EngineError
+                )
+                item = error(f"request {output.request_id} failed: {output.error}")
             batches.setdefault(stream.loop, []).append((stream, item))
         for loop, items in batches.items():
             self._call_in_loop(loop, _put_all, items)

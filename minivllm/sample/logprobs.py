@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
+
+PROMPT_LOGPROBS_ROWS = 256
+"""Prompt positions whose logits are held at once (256 x a 150k vocabulary in float32
+is ~150 MB): a 7000-token prompt chunk would otherwise hold gigabytes of logits."""
 
 # (token_id, logprob, rank, {top_token_id: logprob}) -- the per-token entry form of
 # ModelRunnerOutput.logprobs / prompt_logprobs.
@@ -82,3 +86,26 @@ def compute_prompt_logprobs(
     vocab_size = logits.shape[-1]
     k = vocab_size if num_logprobs == -1 else num_logprobs
     return gather_logprobs(compute_logprobs(logits.float()), k, target_token_ids)
+
+
+def prompt_logprob_entries(
+    hidden: torch.Tensor,
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    target_token_ids: torch.Tensor,
+    num_logprobs: int,
+    rows_per_slice: int | None = None,
+) -> list[LogprobEntry | None]:
+    """`compute_prompt_logprobs` over ``hidden`` a slice of positions at a time, so
+    only one slice's logits exist at once; one entry per position.
+
+    ``hidden[i]`` is the final hidden state at prompt position i, ``compute_logits``
+    turns hidden states into logits; ``rows_per_slice`` defaults to
+    `PROMPT_LOGPROBS_ROWS`.
+    """
+    rows_per_slice = rows_per_slice or PROMPT_LOGPROBS_ROWS
+    entries: list[LogprobEntry | None] = []
+    for start in range(0, hidden.shape[0], rows_per_slice):
+        logits = compute_logits(hidden[start : start + rows_per_slice])
+        targets = target_token_ids[start : start + rows_per_slice]
+        entries += compute_prompt_logprobs(logits, targets, num_logprobs).to_entries()
+    return entries

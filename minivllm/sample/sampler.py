@@ -15,6 +15,11 @@ Steps, in vLLM v1's order:
    inverting the row's CDF with one uniform number.  A seeded row draws that
    number from its own generator, so its tokens depend only on its own history.
 
+A row whose logits are no longer finite (NaN, +inf) gets the token id
+`INVALID_TOKEN_ID`, and one whose every token is at -inf once masked gets
+`NO_ALLOWED_TOKEN_ID`, instead of a draw: sampling it would return an arbitrary token
+past every constraint, so the model runner fails that request alone.
+
 Everything is batched; the only per-row Python loop is the seeded rows' draws.
 A batch of plain greedy rows (no logprobs, penalties, constraints or grammar) skips
 straight to the argmax of the logits as given: no float32 copy, no other pass.
@@ -30,13 +35,18 @@ from torch import nn
 from minivllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from minivllm.sample.metadata import SamplingMetadata
 
+INVALID_TOKEN_ID = -1
+"""The sampled id of a row whose logits were NaN or +inf (see the module doc)."""
+NO_ALLOWED_TOKEN_ID = -2
+"""The sampled id of a row whose every logit was -inf (see the module doc)."""
+
 
 @dataclass
 class SamplerOutput:
     """The tokens chosen this step and, if requested, their logprobs."""
 
     sampled_token_ids: torch.Tensor
-    """[num_reqs] int64."""
+    """[num_reqs] int64; `INVALID_TOKEN_ID` on rows whose logits were not finite."""
     logprobs: LogprobsTensors | None
     """Top-k (k = the batch's max_num_logprobs) from the raw logits, or None."""
 
@@ -150,8 +160,19 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     for row, generator in generators.items():
         u[row] = draw_uniform(generator, probs.device)
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)
-    picked = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
-    return picked.clamp_(max=probs.shape[-1] - 1).view(rows)
+    total = cdf[:, -1:]
+    picked = torch.searchsorted(cdf, u * total, right=True).clamp_(max=probs.shape[-1] - 1)
+    # A NaN row (or one with no finite logit left) has no distribution to draw from.
+    valid = torch.isfinite(total) & (total > 0)
+    return picked.masked_fill_(~valid, INVALID_TOKEN_ID).view(rows)
+
+
+def mark_invalid(tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``tokens`` with `NO_ALLOWED_TOKEN_ID` on the rows of ``logits`` with nothing above
+    -inf and `INVALID_TOKEN_ID` on those with a NaN or +inf."""
+    row_max = logits.amax(dim=-1)
+    tokens = tokens.masked_fill(row_max == float("-inf"), NO_ALLOWED_TOKEN_ID)
+    return tokens.masked_fill(row_max.isnan() | (row_max == float("inf")), INVALID_TOKEN_ID)
 
 
 class Sampler(nn.Module):
@@ -162,7 +183,8 @@ class Sampler(nn.Module):
         if meta.is_plain_greedy:
             # Upcasting to float32 keeps every value, so the argmax (first of ties) is
             # the one the general path would take.
-            return SamplerOutput(sampled_token_ids=logits.argmax(dim=-1), logprobs=None)
+            tokens = mark_invalid(logits.argmax(dim=-1), logits)
+            return SamplerOutput(sampled_token_ids=tokens, logprobs=None)
         if meta.grammar_bitmask is not None:
             apply_grammar_bitmask(logits, *meta.grammar_bitmask)
         # Raw logprobs come first: they describe the model, not the sampling knobs.
@@ -175,12 +197,16 @@ class Sampler(nn.Module):
         logits = self.apply_constraints(logits, meta)
         if not meta.no_penalties:
             logits = apply_penalties(logits, meta)
-        sampled = self.sample(logits, meta)
+        # Checked before sample() edits the logits: greedy rows take their argmax there.
+        checked = logits.amax(dim=-1, keepdim=True)
+        sampled = mark_invalid(self.sample(logits, meta), checked)
 
         logprobs = None
         if raw_logprobs is not None:
             assert meta.max_num_logprobs is not None
-            logprobs = gather_logprobs(raw_logprobs, meta.max_num_logprobs, sampled)
+            # An invalid row's logprobs are dropped with its request; any index will do.
+            chosen = sampled.clamp(min=0)
+            logprobs = gather_logprobs(raw_logprobs, meta.max_num_logprobs, chosen)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
 
     @staticmethod

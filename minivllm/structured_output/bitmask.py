@@ -15,7 +15,7 @@ from minivllm.config.structured_outputs import StructuredOutputsConfig
 from minivllm.logger import init_logger
 from minivllm.structured_output.deadline import GrammarExecutor
 from minivllm.structured_output.limits import flag
-from minivllm.structured_output.spec import GrammarMatcher
+from minivllm.structured_output.spec import GRAMMAR_ERROR_PREFIX, GrammarMatcher
 
 logger = init_logger(__name__)
 
@@ -146,7 +146,7 @@ def _spent(matcher: Any, seconds: float, config: StructuredOutputsConfig) -> str
 
 
 def _fail(matcher: Any, req_id: str, error: str, failed: dict[str, str] | None) -> None:
-    error = f"structured output: {error}"
+    error = GRAMMAR_ERROR_PREFIX + error
     if hasattr(matcher, "error"):
         matcher.error = error
     if failed is None:

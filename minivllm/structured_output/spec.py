@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from minivllm.sampling_params import StructuredOutputsParams
 
 
+GRAMMAR_ERROR_PREFIX = "structured output: "
+"""How the error of a request whose grammar broke a limit mid-generation begins; the
+server answers such a request with a 400 (the request brought the grammar)."""
+
+
 @dataclass(frozen=True)
 class GrammarSpec:
     """What to compile: the kind, its text, and the options that change the grammar."""

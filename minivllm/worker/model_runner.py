@@ -31,10 +31,16 @@ from minivllm.logger import init_logger
 from minivllm.model_executor.custom_op import op_registry
 from minivllm.model_executor.layers.cpu_gemm import pack_linear_weights
 from minivllm.model_executor.loader import load_model
-from minivllm.sample.logprobs import compute_prompt_logprobs
+from minivllm.sample.logprobs import prompt_logprob_entries
 from minivllm.sample.metadata import SamplingMetadata
 from minivllm.sample.rejection_sampler import verify
-from minivllm.sample.sampler import Sampler, draw_uniform
+from minivllm.sample.sampler import (
+    INVALID_TOKEN_ID,
+    NO_ALLOWED_TOKEN_ID,
+    Sampler,
+    draw_uniform,
+)
+from minivllm.sampling_params import NO_ALLOWED_TOKEN_ERROR
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.structured_output.bitmask import GrammarBitmask
 from minivllm.worker.forward_runner import ForwardRunner
@@ -250,7 +256,12 @@ class ModelRunner:
             tokens = out.sampled_token_ids.tolist()
             if out.logprobs is not None:
                 row_entries = out.logprobs.to_entries(meta.num_logprobs)
-            self.grammar_bitmask.accept(inputs.sample_req_ids, matchers, tokens, failed)
+            if min(tokens) < 0:  # INVALID_TOKEN_ID or NO_ALLOWED_TOKEN_ID
+                states, matchers, tokens, row_entries = _drop_invalid_rows(
+                    states, matchers, tokens, row_entries, failed
+                )
+                req_ids = [r for r in req_ids if r not in failed]
+            self.grammar_bitmask.accept([s.req_id for s in states], matchers, tokens, failed)
             for state, token, entry in zip(states, tokens, row_entries, strict=True):
                 state.output_token_ids.append(token)
                 sampled[state.req_id] = token
@@ -314,13 +325,46 @@ class ModelRunner:
                 chunk: list[Any] = [None] if start == 0 else []
                 if end > start:
                     rows = hidden[offset : offset + (end - start)]
-                    logits = self.model.compute_logits(rows)  # type: ignore[union-attr]
                     targets = torch.tensor(
                         state.prompt_token_ids[start + 1 : end + 1], device=self.device
                     )
-                    tensors = compute_prompt_logprobs(logits, targets, num_logprobs)
-                    k = self.vocab_size if num_logprobs == -1 else num_logprobs
-                    chunk += tensors.to_entries([k] * (end - start))
+                    chunk += prompt_logprob_entries(
+                        rows,
+                        self.model.compute_logits,  # type: ignore[union-attr]
+                        targets,
+                        num_logprobs,
+                    )
                 result[req_id] = chunk
             offset += n
         return result
+
+
+def _drop_invalid_rows(
+    states: list[Any],
+    matchers: list[Any],
+    tokens: list[int],
+    entries: list[Any],
+    failed: dict[str, str],
+) -> tuple[list[Any], list[Any], list[int], list[Any]]:
+    """The rows whose logits were finite; the others' requests go into ``failed`` (the
+    scheduler finishes them with an error and frees their blocks; the batch goes on)."""
+    kept = []
+    for i, (state, token) in enumerate(zip(states, tokens, strict=True)):
+        if token == NO_ALLOWED_TOKEN_ID:
+            failed[state.req_id] = (
+                f"{NO_ALLOWED_TOKEN_ERROR} by the request's constraints (allowed_token_ids, "
+                "structured output, logit_bias, min_tokens), so no token could be sampled"
+            )
+        elif token == INVALID_TOKEN_ID:
+            failed[state.req_id] = (
+                "the logits became NaN or infinite, so no token could be sampled; check "
+                "the sampling parameters"
+            )
+        else:
+            kept.append(i)
+    return (
+        [states[i] for i in kept],
+        [matchers[i] for i in kept],
+        [tokens[i] for i in kept],
+        [entries[i] for i in kept],
+    )

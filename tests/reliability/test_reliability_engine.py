@@ -66,6 +66,33 @@ def test_request_whose_generator_cannot_be_built_fails_alone(llm: LLM) -> None:
     assert again.outputs[0].token_ids == finals["fine"].outputs[0].token_ids
 
 
+def _nan_params() -> list[SamplingParams]:
+    """Params whose logits turn NaN in the sampler (changed after validation, which
+    refuses these values): an infinite temperature over masked (-inf) tokens, and a NaN
+    bias on a greedy row."""
+    hot = SamplingParams(temperature=1.0, allowed_token_ids=[5, 6], max_tokens=8)
+    hot.temperature = float("inf")
+    biased = SamplingParams(temperature=0.0, logit_bias={5: 1.0}, max_tokens=8)
+    biased.logit_bias = {5: float("nan")}
+    return [hot, biased]
+
+
+def test_request_whose_logits_turn_nan_fails_alone(llm: LLM) -> None:
+    engine = llm.llm_engine
+    manager = engine.scheduler.kv_cache_manager
+    engine.add_request("fine", "The capital of France is", GREEDY)
+    for i, params in enumerate(_nan_params()):
+        engine.add_request(f"nan-{i}", "Hello", params)
+    finals = _run(engine)
+    assert finals["fine"].error is None and len(finals["fine"].outputs[0].token_ids) == 8
+    for rid in ("nan-0", "nan-1"):
+        assert "NaN" in (finals[rid].error or ""), finals[rid]
+        assert finals[rid].outputs[0].finish_reason == "error"
+        assert finals[rid].outputs[0].token_ids == []  # no garbage token went out
+    assert manager.num_free_blocks == manager.block_pool.num_usable_blocks
+    assert engine.output_processor.states == {}
+
+
 def test_failing_request_ends_its_own_stream_only(llm: LLM) -> None:
     async_llm = AsyncLLM(llm.llm_engine)
     delta = SamplingParams(

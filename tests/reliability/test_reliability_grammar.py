@@ -123,7 +123,9 @@ def test_grammar_slow_after_the_probe_ends_alone(server: RemoteServer) -> None:
               "guided_regex": "a{40}(.{0,50}){0,50}"}  # fmt: skip
     assert _post(server, {**attack, "max_tokens": 1}).status_code == 200  # compiled, cached
     (resp,) = _beside_stream(server, attack)
-    assert resp.status_code == 500, resp.text
+    # The request brought the grammar: a client error, not the server's.
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["type"] == "BadRequestError"
     message = resp.json()["error"]["message"]
     assert "structured output" in message and "max_mask_ms" in message, message
     # The server serves on, constrained output included.

@@ -13,6 +13,11 @@ from minivllm.entrypoints.model_tag import add_model_tag_argument
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
 """--max-request-body-bytes default (16 MiB); the API server's own default is the same."""
+# The HTTP timeouts' defaults (entrypoints/openai/http_protocol.py has the same; the CLI
+# does not import the server before it runs).
+DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +82,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"are read (default: {DEFAULT_MAX_REQUEST_BODY_BYTES}, 16 MiB).",
     )
     server.add_argument(
+        "--timeout-keep-alive",
+        type=int,
+        default=DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+        help="Seconds an idle keep-alive connection stays open "
+        f"(default: {DEFAULT_TIMEOUT_KEEP_ALIVE_S}).",
+    )
+    server.add_argument(
+        "--timeout-request-header",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help="Seconds a client has to send a request's line and headers, from its first "
+        "byte or the connection's opening; then 408 and the connection closes "
+        f"(default: {DEFAULT_HEADER_TIMEOUT_S:g}).",
+    )
+    server.add_argument(
+        "--timeout-request-body",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help="Seconds a client has to send a whole request body after its headers; then "
+        f"408 and the connection closes (default: {DEFAULT_BODY_TIMEOUT_S:g}).",
+    )
+    server.add_argument(
         "--trust-request-chat-template",
         action="store_true",
         help="Let requests pass their own chat_template (a Jinja template the server "
@@ -137,6 +164,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"argument --max-request-body-bytes: must be >= 1, got {args.max_request_body_bytes}"
         )
+    for flag in ("timeout_keep_alive", "timeout_request_header", "timeout_request_body"):
+        value = getattr(args, flag)
+        if not value > 0 or value == float("inf"):
+            name = "--" + flag.replace("_", "-")
+            raise ValueError(f"argument {name}: must be a number of seconds > 0, got {value}")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError(
             "argument --enable-auto-tool-choice: needs --tool-call-parser (hermes or llama3_json)"

@@ -21,7 +21,6 @@ from pydantic import (
     Tag,
     field_validator,
     model_serializer,
-    model_validator,
 )
 
 from minivllm import __version__
@@ -33,7 +32,15 @@ from minivllm.entrypoints.openai.tools import (
     ToolChoice,
 )
 from minivllm.logger import init_logger
-from minivllm.sampling_params import MAX_SEED, MIN_SEED, RequestOutputKind, SamplingParams
+from minivllm.sampling_params import (
+    MAX_REPETITION_PENALTY,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MIN_REPETITION_PENALTY,
+    MIN_SEED,
+    RequestOutputKind,
+    SamplingParams,
+)
 
 logger = init_logger(__name__)
 
@@ -51,16 +58,32 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIBaseModel(BaseModel):
-    """Keeps unknown fields (with a warning) instead of rejecting the request."""
+    """Keeps unknown fields instead of rejecting the request (the server logs a bounded
+    summary of them, see `unknown_fields`)."""
 
     model_config = ConfigDict(extra="allow")
 
-    @model_validator(mode="after")
-    def _warn_extra_fields(self) -> OpenAIBaseModel:
-        extra = self.model_extra
-        if extra:
-            logger.warning("%s: ignoring unknown field(s) %s", type(self).__name__, sorted(extra))
-        return self
+
+def unknown_fields(model: BaseModel, limit: int) -> tuple[int, list[str]]:
+    """How many unknown fields ``model`` and the models inside it carry, and the dotted
+    paths of the first ``limit`` of them (a hostile body may send thousands)."""
+    found: list[str] = []
+    count = 0
+
+    def walk(value: Any, path: str) -> None:
+        nonlocal count
+        if isinstance(value, BaseModel):
+            extra = value.model_extra or {}
+            count += len(extra)
+            found.extend(f"{path}{key}" for key in list(extra)[: max(0, limit - len(found))])
+            for name in type(value).model_fields:
+                walk(getattr(value, name), f"{path}{name}.")
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{path}{i}.")
+
+    walk(model, "")
+    return count, found
 
 
 def _find_surrogate(value: Any) -> str | None:
@@ -83,7 +106,10 @@ def _find_surrogate(value: Any) -> str | None:
 
 
 class OpenAIRequest(OpenAIBaseModel):
-    """Base of request bodies: every string must be valid Unicode text."""
+    """Base of request bodies: every string must be valid Unicode text and every float
+    finite (JSON's ``Infinity`` / ``NaN`` extensions are refused)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -144,13 +170,15 @@ class SamplingRequest(OpenAIRequest, StructuredOutputFields):
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(None, ge=0.0)
+    temperature: float | None = Field(None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     user: str | None = None
     # vLLM extensions
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    repetition_penalty: float | None = Field(
+        None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY
+    )
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[int] | None = None
@@ -166,6 +194,11 @@ class SamplingRequest(OpenAIRequest, StructuredOutputFields):
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this request; ValueError names the field at fault."""
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError(
+                "prompt_logprobs are not available with stream=true (as in vLLM); send the "
+                "request without stream to get them"
+            )
         return SamplingParams(
             n=self.n,
             presence_penalty=self.presence_penalty or 0.0,
@@ -250,12 +283,25 @@ class _SpecDecodeMetricsChoice(OpenAIBaseModel):
         return data
 
 
+class PromptLogprob(OpenAIBaseModel):
+    """One token's entry in ``prompt_logprobs`` (vLLM's shape)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+"""One entry per prompt token (None for the first): token id -> its logprob."""
+
+
 class CompletionResponseChoice(_SpecDecodeMetricsChoice):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -390,6 +436,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
     system_fingerprint: str | None = SYSTEM_FINGERPRINT
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):

@@ -208,73 +208,58 @@ _TOKEN_COUNT_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")
 _LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")
 
 
-def _integer_schemas(node: Any) -> list[dict[str, Any]]:
-    """Every ``{"type": "integer"}`` schema under ``node`` (through anyOf and items)."""
+def _schemas(node: Any, type_name: str) -> list[dict[str, Any]]:
+    """Every ``{"type": type_name}`` schema in ``node``, through anyOf, oneOf and items."""
     if isinstance(node, list):
-        return [found for item in node for found in _integer_schemas(item)]
+        return [found for item in node for found in _schemas(item, type_name)]
     if not isinstance(node, dict):
         return []
-    if node.get("type") == "integer":
-        return [node]
-    found = []
+    found = [node] if node.get("type") == type_name else []
     for key in ("anyOf", "oneOf", "items"):
         if key in node:
-            found += _integer_schemas(node[key])
+            found += _schemas(node[key], type_name)
     return found
 
 
-def _string_schemas(node: Any) -> list[dict[str, Any]]:
-    if isinstance(node, list):
-        return [found for item in node for found in _string_schemas(item)]
-    if not isinstance(node, dict):
-        return []
-    if node.get("type") == "string":
-        return [node]
-    found = []
-    for key in ("anyOf", "oneOf", "items"):
-        if key in node:
-            found += _string_schemas(node[key])
-    return found
-
-
-def _array_schemas(node: Any) -> list[dict[str, Any]]:
-    if isinstance(node, list):
-        return [found for item in node for found in _array_schemas(item)]
-    if not isinstance(node, dict):
-        return []
-    found = [node] if node.get("type") == "array" else []
-    for key in ("anyOf", "oneOf", "items"):
-        if key in node:
-            found += _array_schemas(node[key])
-    return found
+_BOUNDED_REQUESTS = ("CompletionRequest", "ChatCompletionRequest", "DetokenizeRequest",
+                     "TokenizeCompletionRequest", "TokenizeChatRequest")  # fmt: skip
+"""The request schemas that get the server's ranges."""
 
 
 def _server_bounds(schemas: dict[str, Any], limits: ServerLimits) -> None:
     """The ranges this server enforces at run time, written into the request schemas:
     token ids within the vocabulary, token counts within max_model_len, logprobs up to
     max_logprobs.  Clients (and fuzzers) then see which values can succeed."""
-    for name in ("CompletionRequest", "ChatCompletionRequest", "DetokenizeRequest",
-                 "TokenizeCompletionRequest", "TokenizeChatRequest"):  # fmt: skip
+    for name in _BOUNDED_REQUESTS:
         properties = schemas.get(name, {}).get("properties", {})
         for field, prop in properties.items():
-            if field in _TOKEN_ID_FIELDS:
-                for node in _integer_schemas(prop):
-                    node.update(minimum=0, maximum=limits.vocab_size - 1)
-                if field != "tokens":  # /detokenize of no tokens is the empty text
-                    for node in _array_schemas(prop):
-                        node["minItems"] = 1
-                if field == "prompt" and name != "TokenizeCompletionRequest":
-                    for node in _string_schemas(prop):  # an empty prompt has no token
-                        node["minLength"] = 1
-            elif field == "messages":  # a chat template renders no empty conversation
-                for node in _array_schemas(prop):
-                    node["minItems"] = 1
-            elif field in _TOKEN_COUNT_FIELDS:
-                for node in _integer_schemas(prop):
-                    node["maximum"] = limits.max_model_len - 1
-            elif field in _LOGPROB_FIELDS:
-                for node in _integer_schemas(prop):
-                    node["maximum"] = limits.max_logprobs
+            _bound_field(name, field, prop, limits)
+
+
+def _bound_field(request: str, field: str, prop: Any, limits: ServerLimits) -> None:
+    """The server's range for one field of ``request``'s schema (in place)."""
+    if field in _TOKEN_ID_FIELDS:
+        _bound_token_ids(request, field, prop, limits.vocab_size)
+    elif field == "messages":  # a chat template renders no empty conversation
+        for node in _schemas(prop, "array"):
+            node["minItems"] = 1
+    elif field in _TOKEN_COUNT_FIELDS:
+        for node in _schemas(prop, "integer"):
+            node["maximum"] = limits.max_model_len - 1
+    elif field in _LOGPROB_FIELDS:
+        for node in _schemas(prop, "integer"):
+            node["maximum"] = limits.max_logprobs
+
+
+def _bound_token_ids(request: str, field: str, prop: Any, vocab_size: int) -> None:
+    for node in _schemas(prop, "integer"):
+        node.update(minimum=0, maximum=vocab_size - 1)
+    if field != "tokens":  # /detokenize of no tokens is the empty text
+        for node in _schemas(prop, "array"):
+            node["minItems"] = 1
+    if field == "prompt" and request != "TokenizeCompletionRequest":
+        for node in _schemas(prop, "string"):  # an empty prompt has no token
+            node["minLength"] = 1
 
 
 @dataclass(frozen=True)

@@ -25,22 +25,19 @@ from minivllm.entrypoints.openai.protocol import (
     random_id,
 )
 from minivllm.entrypoints.openai.serving_engine import (
-    SSE_DONE,
     OpenAIServing,
     OpenAIServingError,
     clamp_logprob,
     engine_request_id,
-    sse,
-    sse_error,
-    sse_usage,
+    prompt_logprobs_of,
     start_streams,
-    stream_usage_options,
     usage_of,
 )
+from minivllm.entrypoints.openai.sse_stream import StreamUsage, framed, sse
 from minivllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser
 from minivllm.entrypoints.openai.tool_stream import ToolStream
 from minivllm.entrypoints.openai.tools import ToolPlan, conversation_entry
-from minivllm.outputs import Logprob, RequestOutput
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 ROLE = "assistant"
 """The role of every generated message."""
@@ -135,6 +132,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> ChatCompletionResponse | AsyncIterator[str]:
         """The response, or the SSE stream when ``stream`` is set."""
         model = self.check_model(request.model)
+        self.warn_unknown_fields(request)
         params = self.make_params(request)
         plan = self.tool_plan(request)
         if plan is not None and request.tools:
@@ -157,6 +155,19 @@ class OpenAIServingChat(OpenAIServing):
         if request.stream:
             [generator] = await start_streams([generator])
             return self._stream(request, request_id, created, model, len(ids), generator, plan)
+        return await self._full(request, request_id, created, model, len(ids), generator, plan)
+
+    async def _full(
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        created: int,
+        model: str,
+        num_prompt_tokens: int,
+        generator: AsyncIterator[RequestOutput],
+        plan: ToolPlan | None,
+    ) -> ChatCompletionResponse:
+        """The whole (non-streaming) answer."""
         final: RequestOutput | None = None
         try:
             async for output in generator:
@@ -164,40 +175,41 @@ class OpenAIServingChat(OpenAIServing):
         except Exception as exc:
             raise OpenAIServingError.from_exception(exc) from None
         assert final is not None
-        choices = []
-        num_completion_tokens = 0
-        for completion in final.outputs:
-            num_completion_tokens += len(completion.token_ids)
-            logprobs = None
-            if request.logprobs:
-                logprobs = self.chat_logprobs(
-                    completion.token_ids, completion.logprobs or [], request.top_logprobs or 0
-                )
-            content: str | None = completion.text
-            tool_calls = []
-            finish_reason = completion.finish_reason
-            if plan is not None:
-                content, tool_calls = plan.extract(completion.text)
-                finish_reason = _finish_reason(plan, finish_reason, bool(tool_calls))
-            choices.append(
-                ChatCompletionResponseChoice(
-                    index=completion.index,
-                    message=ChatResponseMessage(role=ROLE, content=content, tool_calls=tool_calls),
-                    logprobs=logprobs,
-                    finish_reason=finish_reason,
-                    stop_reason=completion.stop_reason,
-                    spec_decode_metrics=completion.spec_decode_metrics,
-                )
-            )
+        choices = [self._choice(request, completion, plan) for completion in final.outputs]
+        num_completion_tokens = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(
             id=request_id,
             created=created,
             model=model,
             choices=choices,
-            usage=usage_of(len(ids), num_completion_tokens),
+            usage=usage_of(num_prompt_tokens, num_completion_tokens),
+            prompt_logprobs=None if request.prompt_logprobs is None else prompt_logprobs_of(final),
         )
 
-    async def _stream(
+    def _choice(
+        self, request: ChatCompletionRequest, completion: CompletionOutput, plan: ToolPlan | None
+    ) -> ChatCompletionResponseChoice:
+        logprobs = None
+        if request.logprobs:
+            logprobs = self.chat_logprobs(
+                completion.token_ids, completion.logprobs or [], request.top_logprobs or 0
+            )
+        content: str | None = completion.text
+        tool_calls = []
+        finish_reason = completion.finish_reason
+        if plan is not None:
+            content, tool_calls = plan.extract(completion.text)
+            finish_reason = _finish_reason(plan, finish_reason, bool(tool_calls))
+        return ChatCompletionResponseChoice(
+            index=completion.index,
+            message=ChatResponseMessage(role=ROLE, content=content, tool_calls=tool_calls),
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            stop_reason=completion.stop_reason,
+            spec_decode_metrics=completion.spec_decode_metrics,
+        )
+
+    def _stream(
         self,
         request: ChatCompletionRequest,
         request_id: str,
@@ -207,8 +219,7 @@ class OpenAIServingChat(OpenAIServing):
         generator: AsyncIterator[RequestOutput],
         plan: ToolPlan | None = None,
     ) -> AsyncIterator[str]:
-        include_usage, continuous = stream_usage_options(request.stream_options)
-        num_tokens = [0] * request.n
+        usage = StreamUsage.of(request.stream_options, num_prompt_tokens, request.n)
         tool_streams = [ToolStream(plan) for _ in range(request.n)] if plan else None
 
         def chunk(index: int, delta: DeltaMessage, **kwargs: Any) -> str:
@@ -218,55 +229,51 @@ class OpenAIServingChat(OpenAIServing):
                 model=model,
                 choices=[ChatCompletionResponseStreamChoice(index=index, delta=delta, **kwargs)],
             )
-            if include_usage:  # null until the closing usage chunk, unless continuous
-                body.usage = usage_of(num_prompt_tokens, sum(num_tokens)) if continuous else None
-            return sse(body)
+            return sse(usage.stamp(body))
 
-        try:
+        async def events() -> AsyncIterator[str]:
             # Role first, for every choice, before any content (as OpenAI and vLLM do).
             for index in range(request.n):
                 yield chunk(index, DeltaMessage(role=ROLE, content=""), logprobs=None,
                             finish_reason=None)  # fmt: skip
             async for output in generator:
                 for completion in output.outputs:
-                    num_tokens[completion.index] += len(completion.token_ids)
-                    finished = completion.finish_reason is not None
-                    if not completion.text and not finished and not completion.token_ids:
-                        continue
-                    logprobs = None
-                    if request.logprobs:
-                        logprobs = self.chat_logprobs(
-                            completion.token_ids,
-                            completion.logprobs or [],
-                            request.top_logprobs or 0,
-                        )
-                    extra: dict[str, Any] = {"logprobs": logprobs, "finish_reason": None}
-                    delta: DeltaMessage | None = DeltaMessage(content=completion.text)
-                    if tool_streams is not None:
-                        assert plan is not None
-                        tools = tool_streams[completion.index]
-                        delta = tools.feed(completion.text)
-                        if finished:
-                            held = tools.finish()
-                            if held is not None and delta is not None:
-                                yield chunk(completion.index, delta, **extra)
-                            delta = held if held is not None else delta
-                    if finished:
-                        reason = completion.finish_reason
-                        if tool_streams is not None and plan is not None:
-                            called = tool_streams[completion.index].tools_called
-                            reason = _finish_reason(plan, reason, called)
-                        extra["finish_reason"] = reason
-                        extra["stop_reason"] = completion.stop_reason
-                    if delta is None and not finished:
-                        continue
-                    yield chunk(completion.index, delta or DeltaMessage(content=""), **extra)
-            if include_usage:
-                usage = usage_of(num_prompt_tokens, sum(num_tokens))
-                yield sse_usage(ChatCompletionStreamResponse, request_id, created, model, usage)
-        except Exception as exc:
-            yield sse_error(exc)
-        yield SSE_DONE
+                    usage.num_tokens[completion.index] += len(completion.token_ids)
+                    tools = tool_streams[completion.index] if tool_streams else None
+                    for index, delta, extra in self._stream_deltas(request, completion, tools):
+                        yield chunk(index, delta, **extra)
+
+        return framed(
+            events(),
+            lambda: usage.closing(ChatCompletionStreamResponse, request_id, created, model),
+        )
+
+    def _stream_deltas(
+        self, request: ChatCompletionRequest, completion: CompletionOutput, tools: ToolStream | None
+    ) -> list[tuple[int, DeltaMessage, dict[str, Any]]]:
+        """The chunks (choice index, delta, other choice fields) that this output of one
+        choice adds to the stream: none, one, or two when the end releases held text."""
+        finished = completion.finish_reason is not None
+        if not completion.text and not finished and not completion.token_ids:
+            return []
+        logprobs = None
+        if request.logprobs:
+            logprobs = self.chat_logprobs(
+                completion.token_ids, completion.logprobs or [], request.top_logprobs or 0
+            )
+        extra: dict[str, Any] = {"logprobs": logprobs, "finish_reason": None}
+        chunks = []
+        before, delta = _deltas(completion.text, tools, finished)
+        if before is not None:
+            chunks.append((completion.index, before, dict(extra)))
+        if finished:
+            reason = completion.finish_reason
+            if tools is not None:
+                reason = _finish_reason(tools.plan, reason, tools.tools_called)
+            extra.update(finish_reason=reason, stop_reason=completion.stop_reason)
+        if delta is not None or finished:
+            chunks.append((completion.index, delta or DeltaMessage(content=""), extra))
+        return chunks
 
     def chat_logprobs(
         self,
@@ -296,6 +303,23 @@ class OpenAIServingChat(OpenAIServing):
         return ChatLogProbEntry(
             token=token, logprob=clamp_logprob(lp.logprob), bytes=list(token.encode("utf-8"))
         )
+
+
+def _deltas(
+    text: str, tools: ToolStream | None, finished: bool
+) -> tuple[DeltaMessage | None, DeltaMessage | None]:
+    """(a delta to send first or None, the delta of this output or None) for new
+    ``text``: plain content, or what the tool-call stream releases (at the end, the
+    text it held back comes after the last delta)."""
+    if tools is None:
+        return None, DeltaMessage(content=text)
+    delta = tools.feed(text)
+    if not finished:
+        return None, delta
+    held = tools.finish()
+    if held is None:
+        return None, delta
+    return delta, held
 
 
 def _finish_reason(plan: ToolPlan, reason: str | None, tools_called: bool) -> str | None:

@@ -18,20 +18,17 @@ from minivllm.entrypoints.openai.protocol import (
     random_id,
 )
 from minivllm.entrypoints.openai.serving_engine import (
-    SSE_DONE,
     OpenAIServing,
     OpenAIServingError,
     clamp_logprob,
     engine_request_id,
     merge_async_iterators,
-    sse,
-    sse_error,
-    sse_usage,
+    prompt_logprobs_of,
     start_streams,
-    stream_usage_options,
     usage_of,
 )
-from minivllm.outputs import Logprob, RequestOutput
+from minivllm.entrypoints.openai.sse_stream import StreamUsage, framed, sse
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -58,6 +55,7 @@ class OpenAIServingCompletion(OpenAIServing):
         """The response, or the SSE stream when ``stream`` is set (errors before the first
         token raise `OpenAIServingError`)."""
         model = self.check_model(request.model)
+        self.warn_unknown_fields(request)
         if request.suffix is not None:
             raise OpenAIServingError("suffix is not supported", param="suffix")
         if request.best_of is not None and request.best_of != request.n:
@@ -101,6 +99,9 @@ class OpenAIServingCompletion(OpenAIServing):
         for p, (text, ids) in enumerate(prompts):
             output = finals[p]
             num_prompt_tokens += len(ids)
+            prompt_logprobs = None
+            if request.prompt_logprobs is not None:
+                prompt_logprobs = prompt_logprobs_of(output)
             for completion in output.outputs:
                 num_completion_tokens += len(completion.token_ids)
                 out_text, token_ids, logprobs = completion.text, completion.token_ids, None
@@ -125,6 +126,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         finish_reason=completion.finish_reason,
                         stop_reason=completion.stop_reason,
                         spec_decode_metrics=completion.spec_decode_metrics,
+                        prompt_logprobs=prompt_logprobs,
                     )
                 )
         choices.sort(key=lambda c: c.index)
@@ -136,7 +138,7 @@ class OpenAIServingCompletion(OpenAIServing):
             usage=usage_of(num_prompt_tokens, num_completion_tokens),
         )
 
-    async def _stream(
+    def _stream(
         self,
         request: CompletionRequest,
         request_id: str,
@@ -145,61 +147,63 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts: list[tuple[str | None, list[int]]],
         generators: list[AsyncIterator[RequestOutput]],
     ) -> AsyncIterator[str]:
-        n = request.n
-        include_usage, continuous = stream_usage_options(request.stream_options)
-        num_choices = len(prompts) * n
-        echoed = [False] * num_choices
-        offsets = [0] * num_choices
-        num_tokens = [0] * num_choices
         num_prompt_tokens = sum(len(ids) for _, ids in prompts)
-        try:
+        usage = StreamUsage.of(request.stream_options, num_prompt_tokens, len(prompts) * request.n)
+
+        async def events() -> AsyncIterator[str]:
+            echoed = [False] * len(usage.num_tokens)
+            offsets = [0] * len(usage.num_tokens)
             async for p, output in merge_async_iterators(*generators):
-                text, ids = prompts[p]
                 for completion in output.outputs:
-                    index = p * n + completion.index
-                    delta_text = completion.text
-                    delta_ids: Sequence[int] = completion.token_ids
-                    delta_lps: list[dict[int, Logprob] | None] = list(completion.logprobs or [])
-                    if request.echo and not echoed[index]:
-                        echoed[index] = True
-                        delta_text = self._prompt_text(text, ids) + delta_text
-                        delta_ids = [*ids, *delta_ids]
-                        prompt_lps = list(output.prompt_logprobs or [None] * len(ids))
-                        delta_lps = [*prompt_lps, *delta_lps]
-                    num_tokens[index] += len(completion.token_ids)
-                    logprobs = None
-                    if request.logprobs is not None:
-                        logprobs = self.legacy_logprobs(
-                            delta_ids, delta_lps, request.logprobs, offsets[index]
-                        )
-                    offsets[index] += len(delta_text)
-                    if not delta_text and completion.finish_reason is None and not delta_ids:
-                        continue
-                    chunk = CompletionStreamResponse(
-                        id=request_id,
-                        created=created,
-                        model=model,
-                        choices=[
-                            CompletionResponseStreamChoice(
-                                index=index,
-                                text=delta_text,
-                                logprobs=logprobs,
-                                finish_reason=completion.finish_reason,
-                                stop_reason=completion.stop_reason,
-                            )
-                        ],
+                    index = p * request.n + completion.index
+                    usage.num_tokens[index] += len(completion.token_ids)
+                    choice = self._stream_choice(
+                        request, index, prompts[p], output, completion, echoed, offsets
                     )
-                    if include_usage:  # null until the closing usage chunk, unless continuous
-                        chunk.usage = (
-                            usage_of(num_prompt_tokens, sum(num_tokens)) if continuous else None
+                    if choice is not None:
+                        chunk = CompletionStreamResponse(
+                            id=request_id, created=created, model=model, choices=[choice]
                         )
-                    yield sse(chunk)
-            if include_usage:
-                usage = usage_of(num_prompt_tokens, sum(num_tokens))
-                yield sse_usage(CompletionStreamResponse, request_id, created, model, usage)
-        except Exception as exc:
-            yield sse_error(exc)
-        yield SSE_DONE
+                        yield sse(usage.stamp(chunk))
+
+        return framed(
+            events(), lambda: usage.closing(CompletionStreamResponse, request_id, created, model)
+        )
+
+    def _stream_choice(
+        self,
+        request: CompletionRequest,
+        index: int,
+        prompt: tuple[str | None, list[int]],
+        output: RequestOutput,
+        completion: CompletionOutput,
+        echoed: list[bool],
+        offsets: list[int],
+    ) -> CompletionResponseStreamChoice | None:
+        """Choice ``index``'s part of a stream chunk (None: nothing new to send); the
+        first one echoes the prompt when asked.  Updates ``echoed`` and ``offsets``."""
+        delta_text = completion.text
+        delta_ids: Sequence[int] = completion.token_ids
+        delta_lps: list[dict[int, Logprob] | None] = list(completion.logprobs or [])
+        if request.echo and not echoed[index]:
+            echoed[index] = True
+            text, ids = prompt
+            delta_text = self._prompt_text(text, ids) + delta_text
+            delta_ids = [*ids, *delta_ids]
+            delta_lps = [*(output.prompt_logprobs or [None] * len(ids)), *delta_lps]
+        logprobs = None
+        if request.logprobs is not None:
+            logprobs = self.legacy_logprobs(delta_ids, delta_lps, request.logprobs, offsets[index])
+        offsets[index] += len(delta_text)
+        if not delta_text and completion.finish_reason is None and not delta_ids:
+            return None
+        return CompletionResponseStreamChoice(
+            index=index,
+            text=delta_text,
+            logprobs=logprobs,
+            finish_reason=completion.finish_reason,
+            stop_reason=completion.stop_reason,
+        )
 
     def legacy_logprobs(
         self,

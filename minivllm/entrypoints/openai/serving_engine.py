@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import re
 import threading
 import uuid
@@ -27,9 +26,22 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from minivllm.engine.async_llm import AsyncLLM, EngineDeadError, EngineError, EngineShutdownError
+from minivllm.engine.async_llm import (
+    AsyncLLM,
+    EngineDeadError,
+    EngineError,
+    EngineShutdownError,
+    RequestConstraintError,
+)
 from minivllm.engine.input_processor import ValidatedRequest
-from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, StreamOptions, UsageInfo
+from minivllm.entrypoints.openai.protocol import (
+    ErrorInfo,
+    ErrorResponse,
+    PromptLogprob,
+    PromptLogprobs,
+    UsageInfo,
+    unknown_fields,
+)
 from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
@@ -47,6 +59,7 @@ _ERROR_TYPES = {
     HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
     HTTPStatus.INTERNAL_SERVER_ERROR: "InternalServerError",
 }
+# Request fields a validation message may start with (reported as the error's param).
 _PARAM_NAMES = {
     "n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "stop",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
@@ -56,7 +69,10 @@ _PARAM_NAMES = {
 
 TOKENIZER_THREADS = 2
 """Threads that tokenize and render prompts (each with its own tokenizer copy)."""
-"""Request fields a validation message may start with (reported as the error's param)."""
+MAX_LOGGED_UNKNOWN_FIELDS = 10
+"""The most unknown request fields one warning names (the rest are only counted)."""
+MAX_LOGGED_FIELD_NAME = 64
+"""Characters of an unknown field's name a warning shows."""
 
 
 class OpenAIServingError(Exception):
@@ -89,6 +105,8 @@ class OpenAIServingError(Exception):
             return exc
         if isinstance(exc, EngineShutdownError):
             return cls(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+        if isinstance(exc, RequestConstraintError):
+            return cls(str(exc), HTTPStatus.BAD_REQUEST)
         if isinstance(exc, (EngineDeadError, EngineError)):
             return cls(str(exc), HTTPStatus.INTERNAL_SERVER_ERROR)
         if isinstance(exc, ValueError):
@@ -176,6 +194,24 @@ class OpenAIServing:
             f"{', '.join(self.models.served_names)}.",
             HTTPStatus.NOT_FOUND,
             param="model",
+        )
+
+    def warn_unknown_fields(self, request: BaseModel) -> None:
+        """One bounded warning for the fields of ``request`` this server does not know:
+        at most `MAX_LOGGED_UNKNOWN_FIELDS` names, each cut short, the line cut to
+        --max-log-len (a body of thousands of 1 KB keys must not write megabytes)."""
+        count, names = unknown_fields(request, MAX_LOGGED_UNKNOWN_FIELDS)
+        if not count:
+            return
+        shown = ", ".join(
+            name if len(name) <= MAX_LOGGED_FIELD_NAME else name[:MAX_LOGGED_FIELD_NAME] + "..."
+            for name in names
+        )
+        if self.max_log_len is not None and len(shown) > self.max_log_len:
+            shown = shown[: self.max_log_len] + "..."
+        more = f" (and {count - len(names)} more)" if count > len(names) else ""
+        logger.warning(
+            "%s: ignoring %d unknown field(s): %s%s", type(request).__name__, count, shown, more
         )
 
     def make_params(self, request: Any) -> SamplingParams:
@@ -295,40 +331,6 @@ def usage_of(num_prompt_tokens: int, num_completion_tokens: int) -> UsageInfo:
     )
 
 
-def sse(chunk: BaseModel | dict[str, Any]) -> str:
-    """One server-sent event carrying ``chunk`` as JSON."""
-    if isinstance(chunk, BaseModel):
-        body = chunk.model_dump_json(exclude_unset=True)
-    else:
-        body = json.dumps(chunk)
-    return f"data: {body}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-"""The event that ends every stream."""
-
-
-def stream_usage_options(opts: StreamOptions | None) -> tuple[bool, bool]:
-    """``(include_usage, continuous_usage_stats)`` of a request's ``stream_options``.
-
-    Continuous stats only count when usage is included at all.
-    """
-    include_usage = bool(opts and opts.include_usage)
-    return include_usage, bool(include_usage and opts and opts.continuous_usage_stats)
-
-
-def sse_usage(
-    chunk_cls: type[BaseModel], request_id: str, created: int, model: str, usage: UsageInfo
-) -> str:
-    """A stream's closing usage event: a ``chunk_cls`` chunk with no choices."""
-    return sse(chunk_cls(id=request_id, created=created, model=model, choices=[], usage=usage))
-
-
-def sse_error(exc: BaseException) -> str:
-    """An error in the middle of a stream (the HTTP status is already sent)."""
-    return sse(OpenAIServingError.from_exception(exc).to_response())
-
-
 async def merge_async_iterators(
     *iterators: AsyncIterator[Any],
 ) -> AsyncIterator[tuple[int, Any]]:
@@ -371,3 +373,20 @@ async def merge_async_iterators(
 def clamp_logprob(value: float) -> float:
     """JSON has no -inf; like vLLM, report impossible tokens as -9999."""
     return max(value, -9999.0)
+
+
+def prompt_logprobs_of(output: RequestOutput) -> PromptLogprobs | None:
+    """A response's ``prompt_logprobs``: the engine's, with -inf clamped."""
+    if output.prompt_logprobs is None:
+        return None
+    return [
+        None
+        if position is None
+        else {
+            token_id: PromptLogprob(
+                logprob=clamp_logprob(lp.logprob), rank=lp.rank, decoded_token=lp.decoded_token
+            )
+            for token_id, lp in position.items()
+        }
+        for position in output.prompt_logprobs
+    ]

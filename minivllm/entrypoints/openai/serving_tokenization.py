@@ -18,6 +18,7 @@ class OpenAIServingTokenization(OpenAIServingChat):
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.check_model(request.model)
+        self.warn_unknown_fields(request)
         if isinstance(request, TokenizeChatRequest):
             _, ids = await self.render(request)
         else:
@@ -26,6 +27,7 @@ class OpenAIServingTokenization(OpenAIServingChat):
 
     async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(request.model)
+        self.warn_unknown_fields(request)
         vocab = self.engine.model_config.get_vocab_size()
         bad = [t for t in request.tokens if not 0 <= t < vocab]
         if bad:

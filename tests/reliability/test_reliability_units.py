@@ -13,7 +13,7 @@ from minivllm.entrypoints.openai.protocol import (
     CompletionStreamResponse,
 )
 from minivllm.entrypoints.openai.serving_completion import build_legacy_logprobs
-from minivllm.entrypoints.openai.serving_engine import sse
+from minivllm.entrypoints.openai.sse_stream import sse
 from minivllm.outputs import Logprob
 from minivllm.sampling_params import MAX_SEED, MIN_SEED, SamplingParams
 

@@ -165,7 +165,7 @@ def test_int8_without_vnni_never_runs_int_mm(
     weights: list[GGUFWeight], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Signed int8 x int8 is slow without VNNI/AMX (AVX2-only CPUs): the head and the
-    # 16-64-row linears then stay on minivllm's q8 kernel, with the same logits.
+    # 16-64-row linears then keep the weight-only kernels, with the same logits.
     w = next(w for w in weights if w.qtype == QT.Q8_0)
     kind, qweight, scales = ql.quantize_parts([w])
     monkeypatch.setattr(ql, "cpu_has_fast_int8_matmul", lambda: False)

@@ -144,3 +144,13 @@ def test_cpuinfo_flags_fallback() -> None:
     assert cpuinfo_has_native_bf16(head + " avx512_bf16\n")
     assert cpuinfo_has_native_bf16(head + " amx_tile amx_bf16\n")
     assert not cpuinfo_has_native_bf16("processor\t: 0\n")
+
+
+def test_cpuinfo_fast_int8_needs_vnni_or_amx() -> None:
+    from minivllm.platforms.cpu import cpuinfo_has_fast_int8
+
+    head = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma"
+    assert not cpuinfo_has_fast_int8(head + "\n")  # AVX2 only
+    assert not cpuinfo_has_fast_int8(head + " avx512f avx512bw\n")
+    assert cpuinfo_has_fast_int8(head + " avx512f avx512_vnni\n")
+    assert cpuinfo_has_fast_int8(head + " amx_tile amx_int8\n")

@@ -19,6 +19,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf import quants
 
+from minivllm.kernels import lowbit_cpu
 from minivllm.model_executor.layers import quantized_linear as ql
 from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_rows
 from minivllm.model_executor.loader.gguf import _read_tensors
@@ -157,6 +158,25 @@ def test_top_indices_two_steps_equal_topk() -> None:
     got = ql._top_indices(logits, ql.REFINE_TOP)
     want = logits.topk(ql.REFINE_TOP, dim=-1).indices
     assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+
+
+@pytest.mark.skipif(not lowbit_cpu.available(), reason="needs minivllm's C++ kernels")
+def test_int8_without_vnni_never_runs_int_mm(
+    weights: list[GGUFWeight], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Signed int8 x int8 is slow without VNNI/AMX (AVX2-only CPUs): the head and the
+    # 16-64-row linears then keep the weight-only kernels, with the same logits.
+    w = next(w for w in weights if w.qtype == QT.Q8_0)
+    kind, qweight, scales = ql.quantize_parts([w])
+    monkeypatch.setattr(ql, "cpu_has_fast_int8_matmul", lambda: False)
+    monkeypatch.setattr(ql, "int8_act_mm", lambda *a: pytest.fail("int8_act_mm ran"))
+    x = torch.randn(32, w.shape[1]) * 3
+    exact = x @ _reference(w).T
+    for out in (
+        ql.lowbit_logits(x, qweight, scales, kind),
+        ql.lowbit_linear_impl(x, qweight, scales, None, kind),
+    ):
+        torch.testing.assert_close(out, exact, rtol=0, atol=0.05 * exact.abs().max().item())
 
 
 def test_int8_head_kernels_agree_on_refined_top_logits(weights: list[GGUFWeight]) -> None:

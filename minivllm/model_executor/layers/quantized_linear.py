@@ -54,6 +54,7 @@ from minivllm.model_executor.layers.gguf_blocks import (
     dequantize_rows,
     int4_affine,
 )
+from minivllm.platforms.cpu import cpu_has_fast_int8_matmul
 from minivllm.torch_ops import eager_or_op, register_op
 
 KERNEL_DTYPE = torch.bfloat16
@@ -183,7 +184,9 @@ def lowbit_linear_impl(
             )
     elif kind == INT8 and rows < low and _q8_native(qweight):
         out = torch.ops.minivllm_cpu.q8_gemm(flat, qweight, scales)
-    elif kind == INT8 and low <= rows <= high:
+    elif kind == INT8 and low <= rows <= high and cpu_has_fast_int8_matmul():
+        # Without VNNI/AMX this GEMM is 10-20x slower than torch's weight-only
+        # kernel below (an AVX2 EPYC, 16-64 rows), so only where the CPU has them.
         out = int8_act_mm(flat, qweight, scales)
     else:
         if flat.dtype != scales.dtype:
@@ -261,16 +264,16 @@ def lowbit_logits_impl(
     """Approximate float32 logits of a low-bit LM head (`refine_top_logits` then
     makes each row's top ones exact).
 
-    An int8 head at `INT_MM_MIN_TOKENS` rows or more quantizes the activations
-    too, as two int8 terms per row, and runs ``torch._int_mm`` (oneDNN, AMX/VNNI
-    int8): several times faster than the weight-only int8 kernel at 32 rows
+    An int8 head at `INT_MM_MIN_TOKENS` rows or more, on a CPU with VNNI or AMX
+    (`cpu_has_fast_int8_matmul`), quantizes the activations too, as two int8 terms
+    per row, and runs ``torch._int_mm`` (oneDNN, AMX/VNNI int8): several times faster than the weight-only int8 kernel at 32 rows
     (``_weight_int8pack_mm`` grows linearly with rows).  The refinement
     recomputes the top logits whichever kernel ran (set by how many rows the
     batch has); the others differ between the two paths by their rounding.
     Fewer rows, and int4 heads, use `lowbit_linear`.
     """
     flat = x.reshape(-1, x.shape[-1])
-    if kind != INT8 or flat.shape[0] < INT_MM_MIN_TOKENS:
+    if kind != INT8 or flat.shape[0] < INT_MM_MIN_TOKENS or not cpu_has_fast_int8_matmul():
         return lowbit_linear_impl(x, qweight, scales, None, kind).float()
     out = int8_act_mm(flat, qweight, scales)
     return out.view(*x.shape[:-1], out.shape[-1])

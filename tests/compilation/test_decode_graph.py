@@ -38,12 +38,12 @@ def run(llm: Any, graph_on: bool, prompts: list[list[int]], n: int = 20) -> list
     return [o.outputs[0] for o in outs]
 
 
-def assert_same(graph: list[Any], piecewise: list[Any]) -> None:
+def assert_same(graph: list[Any], piecewise: list[Any], atol: float = 1e-4) -> None:
     for g, p in zip(graph, piecewise, strict=True):
         assert list(g.token_ids) == list(p.token_ids)
         for lg, lp in zip(g.logprobs, p.logprobs, strict=True):
             for tok, entry in lp.items():
-                assert lg[tok].logprob == pytest.approx(entry.logprob, abs=1e-4)
+                assert lg[tok].logprob == pytest.approx(entry.logprob, abs=atol)
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +146,11 @@ def test_not_with_parallelism(tiny_llama: Path) -> None:
 
 def test_low_bit_gguf_matches_piecewise(tmp_path: Path) -> None:
     """GGUF weights computed on low-bit (every matrix Q8_0: int8 kernels), 18
-    requests, so decode steps also take the int8 x int8 path of 16-64 rows."""
+    requests, so decode steps also take the 16-64-row int8 path (int8 x int8 where
+    the CPU has VNNI/AMX)."""
     from gguf_helpers import write_tiny_gguf
+
+    from minivllm.platforms.cpu import cpu_has_fast_int8_matmul
 
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(str(path), tie=False, num_layers=2, all_q8_0=True)
@@ -156,7 +159,10 @@ def test_low_bit_gguf_matches_piecewise(tmp_path: Path) -> None:
     graph = decode_graph(llm)
     prompts = [[(5 * i + 3 * j) % 120 + 1 for j in range(3 + 2 * i)] for i in range(18)]
     steps = graph.num_steps
-    assert_same(run(llm, True, prompts, n=12), run(llm, False, prompts, n=12))
+    # Without VNNI/AMX the 16-64-row int8 linears take bfloat16 activations (torch's
+    # weight-only kernel), so the graph's float32 rounding differences grow to ~1e-4.
+    atol = 1e-4 if cpu_has_fast_int8_matmul() else 1e-3
+    assert_same(run(llm, True, prompts, n=12), run(llm, False, prompts, n=12), atol)
     assert graph.num_steps - steps >= 11
 
 

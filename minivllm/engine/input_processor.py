@@ -54,19 +54,19 @@ class InputProcessor:
     """Tokenizes and validates requests for one engine."""
 
     def __init__(self, vllm_config: VllmConfig, tokenizer: Any, scheduler: Scheduler) -> None:
-        mc = vllm_config.model_config
-        assert mc is not None
+        model_config = vllm_config.model_config
+        assert model_config is not None
         self.vllm_config = vllm_config
         self.tokenizer = tokenizer
         self.scheduler = scheduler
-        self.max_model_len: int = mc.max_model_len
-        self.vocab_size: int = mc.get_vocab_size()
-        self.max_logprobs: int = mc.max_logprobs
+        self.max_model_len: int = model_config.max_model_len
+        self.vocab_size: int = model_config.get_vocab_size()
+        self.max_logprobs: int = model_config.max_logprobs
         # No tokenizer with skip_tokenizer_init; a GGUF or HF one may still lack an EOS id.
         self.eos_token_id: int | None = getattr(tokenizer, "eos_token_id", None)
         # getattr: not every HF config has eos_token_id.  A list (Gemma 3: <eos> and
         # <end_of_turn>) adds stop tokens beyond the tokenizer's one EOS.
-        model_eos = getattr(mc.hf_text_config, "eos_token_id", None)
+        model_eos = getattr(model_config.hf_text_config, "eos_token_id", None)
         self.model_eos_token_ids: list[int] = list(model_eos) if isinstance(model_eos, list) else []
         self._structured_outputs: StructuredOutputManager | None = None
 

@@ -107,11 +107,15 @@ def check_kv_cache_holds_max_model_len(
     names both fixes; one taken from the model is lowered to what fits, with a warning.
     Block 0 is the KV cache manager's null block, so ``num_blocks - 1`` blocks hold tokens.
     """
-    mc = vllm_config.model_config
+    model_config = vllm_config.model_config
     block_size = vllm_config.cache_config.block_size
     # A resolved config (the only kind the engine runs) has all three.
-    assert mc is not None and mc.max_model_len is not None and block_size is not None
-    max_model_len = mc.max_model_len
+    assert (
+        model_config is not None
+        and model_config.max_model_len is not None
+        and block_size is not None
+    )
+    max_model_len = model_config.max_model_len
     needed = cdiv(max_model_len, block_size) + 1
     if groups is not None and groups.num_groups > 1:
         # Sliding-window groups hold only their window (plus one step's chunk).
@@ -144,7 +148,7 @@ def check_kv_cache_holds_max_model_len(
         max_model_len,
         capacity,
     )
-    mc.max_model_len = capacity
+    model_config.max_model_len = capacity
 
 
 def _longest_request(

@@ -79,13 +79,13 @@ def decode_graph_wanted(vllm_config: VllmConfig, attn_layers: dict[str, Any]) ->
         return "not on CPU"
     if vllm_config.compilation_config.mode != CompilationMode.VLLM_COMPILE:
         return "compilation mode is not VLLM_COMPILE"
-    pc = vllm_config.parallel_config
-    if pc.tensor_parallel_size > 1 or pc.pipeline_parallel_size > 1:
+    parallel_config = vllm_config.parallel_config
+    if parallel_config.tensor_parallel_size > 1 or parallel_config.pipeline_parallel_size > 1:
         return "tensor/pipeline parallelism (the graph is traced for one process)"
     if not attn_layers:
         return "no attention layers"
-    mc = vllm_config.model_config
-    if is_fp8(resolve_kv_cache_dtype(vllm_config.cache_config.cache_dtype, mc.dtype)):
+    model_config = vllm_config.model_config
+    if is_fp8(resolve_kv_cache_dtype(vllm_config.cache_config.cache_dtype, model_config.dtype)):
         return "fp8 KV cache (the graph's KV write stores values as they are)"
     for layer in attn_layers.values():
         if layer.impl.name != "CPU_SDPA":
@@ -164,38 +164,44 @@ class CpuDecodeGraph:
         return time.perf_counter() - start
 
     # -- per step -----------------------------------------------------------------------
-    def accepts(self, num_tokens: int, md: AttentionMetadata | None) -> bool:
+    def accepts(self, num_tokens: int, attn_metadata: AttentionMetadata | None) -> bool:
         """Whether this step is a plain decode step the graph can run."""
         return (
             self.ready
-            and md is not None
-            and md.max_query_len == 1
-            and num_tokens == md.num_reqs
+            and attn_metadata is not None
+            and attn_metadata.max_query_len == 1
+            and num_tokens == attn_metadata.num_reqs
             and num_tokens <= self.max_seqs
         )
 
     def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> torch.Tensor:
         """Hidden states of a decode step (`accepts` must have said yes)."""
         n = input_ids.shape[0]
         self.num_steps += 1
         tables, slots = [], []
         for g in range(self.num_groups):
-            gmd = md if md.group_metadata is None else md.group_metadata[g]
+            gmd = (
+                attn_metadata
+                if attn_metadata.group_metadata is None
+                else attn_metadata.group_metadata[g]
+            )
             width = max(_MIN_BLOCKS, cdiv(gmd.max_seq_len, self.block_size))
             tables.append(_table(gmd.block_tables, width))
             slots.append(gmd.slot_mapping[:n])
-        return self._call(input_ids, positions, md, DecodeStep(md.seq_lens, tables, slots))
+        return self._call(
+            input_ids, positions, attn_metadata, DecodeStep(attn_metadata.seq_lens, tables, slots)
+        )
 
     def _call(
         self,
         ids: torch.Tensor,
         pos: torch.Tensor,
-        md: AttentionMetadata | None,
+        attn_metadata: AttentionMetadata | None,
         step: DecodeStep,
     ) -> torch.Tensor:
-        with set_forward_context(md, self.attn_layers, decode_step=step) as ctx:
+        with set_forward_context(attn_metadata, self.attn_layers, decode_step=step) as ctx:
             return self._fn(ids, pos, ctx)
 
 

@@ -50,7 +50,7 @@ dimension is traced as a symbol, and small, so the eager part of it is quick on 
 def pad_step_inputs(
     input_ids: torch.Tensor,
     positions: torch.Tensor,
-    md: AttentionMetadata | None,
+    attn_metadata: AttentionMetadata | None,
     num_padded: int,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata | None]:
     """The step's inputs padded to ``num_padded`` tokens; padding writes no KV."""
@@ -58,22 +58,24 @@ def pad_step_inputs(
     extra = num_padded - n
     assert extra >= 0, "padding can only grow a batch"
     if extra == 0:
-        return input_ids, positions, md
+        return input_ids, positions, attn_metadata
     zeros = input_ids.new_zeros(extra)
     input_ids = torch.cat([input_ids, zeros])
     positions = torch.cat([positions, positions.new_zeros(extra)])
-    if md is not None:
-        md = _pad_slots(md, extra)
-    return input_ids, positions, md
+    if attn_metadata is not None:
+        attn_metadata = _pad_slots(attn_metadata, extra)
+    return input_ids, positions, attn_metadata
 
 
-def _pad_slots(md: AttentionMetadata, extra: int) -> AttentionMetadata:
+def _pad_slots(attn_metadata: AttentionMetadata, extra: int) -> AttentionMetadata:
     """``md`` with ``extra`` padding slots (-1), in every KV cache group."""
-    slots = torch.cat([md.slot_mapping, md.slot_mapping.new_full((extra,), -1)])
-    if md.group_metadata is None:
-        return dataclasses.replace(md, slot_mapping=slots)
-    rest = [_pad_slots(g, extra) for g in md.group_metadata[1:]]
-    first = dataclasses.replace(md, slot_mapping=slots, group_metadata=None)
+    slots = torch.cat(
+        [attn_metadata.slot_mapping, attn_metadata.slot_mapping.new_full((extra,), -1)]
+    )
+    if attn_metadata.group_metadata is None:
+        return dataclasses.replace(attn_metadata, slot_mapping=slots)
+    rest = [_pad_slots(g, extra) for g in attn_metadata.group_metadata[1:]]
+    first = dataclasses.replace(attn_metadata, slot_mapping=slots, group_metadata=None)
     first.group_metadata = (first, *rest)
     return first
 
@@ -93,20 +95,22 @@ class ForwardRunner:
         self.vllm_config = vllm_config
         self.attn_layers = attn_layers
         self.device = device
-        cc = vllm_config.compilation_config
-        self.compilation_config = cc
+        compilation_config = vllm_config.compilation_config
+        self.compilation_config = compilation_config
         self.model_forward: ModelForward = build_model_forward(model, vllm_config)
         self.max_num_tokens: int = vllm_config.scheduler_config.max_num_batched_tokens
         # VllmConfig resolution settled the mode for this device and attention backend
         # (see `minivllm config --explain`); the runner runs it as it is.
-        mode = cc.cudagraph_mode or CUDAGraphMode.NONE
+        mode = compilation_config.cudagraph_mode or CUDAGraphMode.NONE
         if dispatcher is None:
             assert not mode or device.type == "cuda", f"{mode} resolved for {device.type}"
             assert not mode.has_full_cudagraphs() or all(
                 ATTENTION_CG_SUPPORT[layer.impl.name] != AttentionCGSupport.NEVER
                 for layer in attn_layers.values()
             ), f"{mode} resolved for an attention backend without full CUDA graphs"
-        self.dispatcher = dispatcher or CudagraphDispatcher(mode, cc.cudagraph_capture_sizes or [])
+        self.dispatcher = dispatcher or CudagraphDispatcher(
+            mode, compilation_config.cudagraph_capture_sizes or []
+        )
         self._piece_wrappers: list[PiecewiseCudaGraphWrapper] = []
         self._full: FullCudaGraphRunner | None = None
         self._pool: GraphPool | None = None
@@ -121,7 +125,7 @@ class ForwardRunner:
 
     # -- start-up -----------------------------------------------------------------
     def _setup_cuda(self) -> None:
-        cc = self.compilation_config
+        compilation_config = self.compilation_config
         mode = self.dispatcher.cudagraph_mode
         self._pool = GraphPool()
         size = self.dispatcher.max_size
@@ -139,16 +143,16 @@ class ForwardRunner:
                 self.vllm_config.scheduler_config.max_num_seqs, max_blocks, size, self.device
             )
             self._full = FullCudaGraphRunner(self._full_forward, self._pool)
-        del cc
+        del compilation_config
 
     def _wrap_piece(self, piece: Any, index: int, num_pieces: int) -> Any:
         assert self._pool is not None
-        cc = self.compilation_config
+        compilation_config = self.compilation_config
         wrapper = PiecewiseCudaGraphWrapper(
             piece,
             self._pool,
-            cc.cudagraph_num_of_warmups,
-            cc.cudagraph_copy_inputs,
+            compilation_config.cudagraph_num_of_warmups,
+            compilation_config.cudagraph_copy_inputs,
             self.dispatcher.capture_sizes,
         )
         self._piece_wrappers.append(wrapper)
@@ -160,23 +164,25 @@ class ForwardRunner:
         (also stored in ``compilation_config.compilation_time`` and logged)."""
         if not self.model_forward.is_compiled:
             return 0.0
-        cc = self.compilation_config
+        compilation_config = self.compilation_config
         sizes = [min(self.max_num_tokens, WARMUP_TRACE_TOKENS)]
-        sizes += [int(s) for s in cc.compile_sizes or [] if int(s) <= self.max_num_tokens]
+        sizes += [
+            int(s) for s in compilation_config.compile_sizes or [] if int(s) <= self.max_num_tokens
+        ]
         logger.info(
             "start-up 2/4: compiling the model (mode %s; the first start compiles, ~20 s on a "
             "CPU; later starts load the compile cache; -O0 skips compiling)",
-            cc.mode.name if cc.mode is not None else "NONE",
+            compilation_config.mode.name if compilation_config.mode is not None else "NONE",
         )
         start = timer()
         for n in dict.fromkeys(sizes):
             self._dummy_forward(max(n, 1))
         elapsed = timer() - start
-        cc.compilation_time += elapsed
+        compilation_config.compilation_time += elapsed
         logger.info(
             "torch.compile (mode %s, backend %r) took %.2f s at start-up",
-            cc.mode.name if cc.mode is not None else "NONE",
-            cc.backend,
+            compilation_config.mode.name if compilation_config.mode is not None else "NONE",
+            compilation_config.backend,
             elapsed,
         )
         return elapsed
@@ -268,14 +274,17 @@ class ForwardRunner:
         return self._ids[:padded], self._pos[:padded]
 
     def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata | None
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata | None,
     ) -> torch.Tensor:
         """Hidden states ``[num_tokens, H]`` of the step's real tokens."""
         n = input_ids.shape[0]
-        if self.decode_graph is not None and self.decode_graph.accepts(n, md):
-            assert md is not None
-            return self.decode_graph.run(input_ids, positions, md)
-        uniform = md is not None and md.max_query_len == 1
+        if self.decode_graph is not None and self.decode_graph.accepts(n, attn_metadata):
+            assert attn_metadata is not None
+            return self.decode_graph.run(input_ids, positions, attn_metadata)
+        uniform = attn_metadata is not None and attn_metadata.max_query_len == 1
         mode, padded = self.dispatcher.dispatch(BatchDescriptor(n, uniform))
         if (
             mode == CUDAGraphMode.FULL
@@ -283,20 +292,20 @@ class ForwardRunner:
             and self._full.has(padded, uniform)
             # The graph buffers hold one block table: models with several KV cache
             # groups (sliding windows) run outside FULL graphs.
-            and (md is None or md.group_metadata is None)
+            and (attn_metadata is None or attn_metadata.group_metadata is None)
         ):
             self._stage_inputs(input_ids, positions, padded)
-            self._graph_buffers.fill(md, padded)
+            self._graph_buffers.fill(attn_metadata, padded)
             return self._full.replay(padded, uniform)[:n]
         if mode == CUDAGraphMode.NONE:
-            with set_forward_context(md, self.attn_layers):
+            with set_forward_context(attn_metadata, self.attn_layers):
                 return self.model_forward(input_ids, positions)
         if self._pool is not None:
             ids, pos = self._stage_inputs(input_ids, positions, padded)
-            _, _, md = pad_step_inputs(input_ids, positions, md, padded)
+            _, _, attn_metadata = pad_step_inputs(input_ids, positions, attn_metadata, padded)
         else:
-            ids, pos, md = pad_step_inputs(input_ids, positions, md, padded)
-        with set_forward_context(md, self.attn_layers) as ctx:
+            ids, pos, attn_metadata = pad_step_inputs(input_ids, positions, attn_metadata, padded)
+        with set_forward_context(attn_metadata, self.attn_layers) as ctx:
             ctx.cudagraph_runtime_mode = CUDAGraphMode.PIECEWISE
             ctx.num_padded_tokens = padded
             return self.model_forward(ids, pos)[:n]

@@ -87,20 +87,20 @@ class ModelRunner:
 
     # -- set-up -------------------------------------------------------------
     def load_model(self) -> None:
-        mc = self.model_config
+        model_config = self.model_config
         load_format = self.vllm_config.load_config.load_format
-        logger.info("start-up 1/4: loading the weights of %s", mc.model)
+        logger.info("start-up 1/4: loading the weights of %s", model_config.model)
         spec = self.vllm_config.speculative_config
         if spec is not None:
             logger.info("speculative decoding: %s", spec.summary())
         with set_current_vllm_config(self.vllm_config):
             self.model = load_model(
-                mc.model,
-                mc.hf_config,
+                model_config.model,
+                model_config.hf_config,
                 self.dtype,
                 load_format=load_format,
                 device=self.device,
-                quantization=mc.quantization,
+                quantization=model_config.quantization,
             )
         # Warn about custom_ops entries that named no op of this model.
         self.vllm_config.compilation_config.custom_op_log_check(op_registry)
@@ -132,30 +132,30 @@ class ModelRunner:
 
     def kv_cache_bytes_per_block(self) -> int:
         """Bytes one KV block takes over all layers."""
-        mc = self.model_config
+        model_config = self.model_config
         target = kv_cache_bytes_per_block(
             self.block_size,
-            mc.get_num_kv_heads(self.vllm_config.parallel_config),
-            mc.get_head_size(),
+            model_config.get_num_kv_heads(self.vllm_config.parallel_config),
+            model_config.get_head_size(),
             self.kv_cache_dtype,
             num_layers=self.kv_groups.num_slots
             if self.kv_groups is not None
-            else mc.get_total_num_hidden_layers(),
+            else model_config.get_total_num_hidden_layers(),
         )
         # A draft model keeps its KV in the same blocks (same block tables).
         draft = self.spec.kv_cache_bytes_per_block(self.block_size) if self.spec else 0
         return target + draft
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        mc = self.model_config
+        model_config = self.model_config
         groups = self.kv_groups
         assert groups is not None, "load_model() first"
         self.kv_caches = allocate_kv_caches(
             groups.num_slots,
             num_blocks,
             self.block_size,
-            mc.get_num_kv_heads(self.vllm_config.parallel_config),
-            mc.get_head_size(),
+            model_config.get_num_kv_heads(self.vllm_config.parallel_config),
+            model_config.get_head_size(),
             self.kv_cache_dtype,
             self.device,
         )
@@ -172,15 +172,15 @@ class ModelRunner:
         return 1 if self.kv_groups is None else self.kv_groups.num_groups
 
     # -- per step -----------------------------------------------------------
-    def _update_states(self, so: SchedulerOutput) -> dict[str, str]:
+    def _update_states(self, scheduler_output: SchedulerOutput) -> dict[str, str]:
         """Apply the scheduler's deltas; returns the new requests whose own set-up failed
         (id -> error), which are left out of this step instead of failing the batch."""
         failed: dict[str, str] = {}
-        for req_id in so.finished_req_ids:
+        for req_id in scheduler_output.finished_req_ids:
             self.states.pop(req_id, None)
             if self.spec is not None:
                 self.spec.forget(req_id)
-        for new in so.scheduled_new_reqs:
+        for new in scheduler_output.scheduled_new_reqs:
             try:
                 state = CachedRequestState.from_new(new, self.device)
                 self._replay_generator(state)
@@ -189,7 +189,7 @@ class ModelRunner:
                 failed[new.req_id] = f"{type(exc).__name__}: {exc}"
                 continue
             self.states[new.req_id] = state
-        cached = so.scheduled_cached_reqs
+        cached = scheduler_output.scheduled_cached_reqs
         for i, (req_id, new_blocks, num_computed) in enumerate(
             zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True)
         ):
@@ -212,20 +212,20 @@ class ModelRunner:
             draw_uniform(state.generator, self.device)
 
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; requests are processed in the scheduler's order."""
         assert self.model is not None and self.forward_runner is not None, "load_model() first"
-        failed = self._update_states(so)
-        req_ids = [r for r in so.num_scheduled_tokens if r not in failed]
+        failed = self._update_states(scheduler_output)
+        req_ids = [r for r in scheduler_output.num_scheduled_tokens if r not in failed]
         if not req_ids:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], failed_req_ids=failed)
         inputs = build_step_inputs(
             self.states,
             req_ids,
-            so.num_scheduled_tokens,
+            scheduler_output.num_scheduled_tokens,
             self.block_size,
             self.device,
-            so.scheduled_spec_decode_tokens,
+            scheduler_output.scheduled_spec_decode_tokens,
             self.num_kv_groups,
         )
         hidden = self.forward_runner.run(inputs.input_ids, inputs.positions, inputs.attn_metadata)
@@ -234,7 +234,9 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(hidden, inputs) if last_stage else {}
 
         if self.spec is not None:
-            return self._execute_spec(so, inputs, hidden, req_ids, prompt_logprobs, failed)
+            return self._execute_spec(
+                scheduler_output, inputs, hidden, req_ids, prompt_logprobs, failed
+            )
         sampled: dict[str, int] = {}
         entries: dict[str, Any] = {}
         if inputs.sample_req_ids and not self.is_output_rank:
@@ -277,7 +279,7 @@ class ModelRunner:
 
     def _execute_spec(
         self,
-        so: SchedulerOutput,
+        scheduler_output: SchedulerOutput,
         inputs: StepInputs,
         hidden: torch.Tensor,
         req_ids: list[str],
@@ -298,8 +300,8 @@ class ModelRunner:
                 state.output_token_ids.extend(tokens)
                 sampled[state.req_id] = tokens
                 entries[state.req_id] = entry
-            if so.num_spec_tokens_to_propose:
-                drafts = self.spec.propose(states, so.num_spec_tokens_to_propose)
+            if scheduler_output.num_spec_tokens_to_propose:
+                drafts = self.spec.propose(states, scheduler_output.num_spec_tokens_to_propose)
         return ModelRunnerOutput(
             req_ids=req_ids,
             sampled_token_ids=[sampled.get(r, []) for r in req_ids],

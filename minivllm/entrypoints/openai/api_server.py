@@ -94,8 +94,10 @@ def build_app(
     tool_call_parser: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` (``stat_logger`` backs ``/metrics``)."""
-    mc = engine.model_config
-    models = OpenAIServingModels(served_model_names or [mc.served_model_name], mc.max_model_len)
+    model_config = engine.model_config
+    models = OpenAIServingModels(
+        served_model_names or [model_config.served_model_name], model_config.max_model_len
+    )
     pool, handlers = _make_handlers(
         engine,
         models,
@@ -166,11 +168,11 @@ def _add_middlewares(app: FastAPI, api_key: str | None, max_body: int, cors: COR
 
 def _use_server_openapi(app: FastAPI, engine: AsyncLLM) -> None:
     """/openapi.json: FastAPI's document with this server's answers and value ranges."""
-    mc = engine.model_config
+    model_config = engine.model_config
     limits = ServerLimits(
-        vocab_size=mc.get_vocab_size(),
-        max_model_len=mc.max_model_len,
-        max_logprobs=mc.max_logprobs,
+        vocab_size=model_config.get_vocab_size(),
+        max_model_len=model_config.max_model_len,
+        max_logprobs=model_config.max_logprobs,
     )
 
     def openapi() -> dict[str, Any]:
@@ -190,18 +192,22 @@ def config_summary(
 ) -> str:
     """The start-up banner: the resolved settings that matter for serving, and the URL."""
     cfg = engine.vllm_config
-    mc, cc, sc = cfg.model_config, cfg.cache_config, cfg.scheduler_config
+    model_config, cache_config, scheduler_config = (
+        cfg.model_config,
+        cfg.cache_config,
+        cfg.scheduler_config,
+    )
     num_blocks = engine.engine.scheduler.kv_cache_manager.block_pool.num_blocks
     rows = {
-        "model": mc.model,
-        "served model name": ", ".join(served_names or [mc.served_model_name]),
-        "dtype": str(mc.dtype).replace("torch.", ""),
-        "max_model_len": mc.max_model_len,
-        "KV cache": f"{num_blocks} blocks x {cc.block_size} tokens",
-        "prefix caching": cc.enable_prefix_caching,
-        "max_num_seqs": sc.max_num_seqs,
-        "max_num_batched_tokens": sc.max_num_batched_tokens,
-        "chunked prefill": sc.enable_chunked_prefill,
+        "model": model_config.model,
+        "served model name": ", ".join(served_names or [model_config.served_model_name]),
+        "dtype": str(model_config.dtype).replace("torch.", ""),
+        "max_model_len": model_config.max_model_len,
+        "KV cache": f"{num_blocks} blocks x {cache_config.block_size} tokens",
+        "prefix caching": cache_config.enable_prefix_caching,
+        "max_num_seqs": scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": scheduler_config.max_num_batched_tokens,
+        "chunked prefill": scheduler_config.enable_chunked_prefill,
         "optimization level": cfg.optimization_level.name,
         "compilation mode": cfg.compilation_config.mode.name,
         "device": cfg.device_config.device_type,
@@ -284,10 +290,10 @@ def _start_engine(args: argparse.Namespace) -> tuple[AsyncLLM, PrometheusStatLog
     from minivllm.entrypoints.model_tag import engine_args_from_cli
 
     vllm_config = engine_args_from_cli(args).create_engine_config()
-    mc = vllm_config.model_config
+    model_config = vllm_config.model_config
     stat_logger = PrometheusStatLogger(
-        mc.served_model_name,
-        mc.max_model_len,
+        model_config.served_model_name,
+        model_config.max_model_len,
         CollectorRegistry(),
         vllm_config.num_speculative_tokens,
     )

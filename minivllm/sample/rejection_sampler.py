@@ -35,7 +35,13 @@ import torch
 
 from minivllm.sample.logprobs import compute_logprobs, gather_logprobs
 from minivllm.sample.metadata import SamplingMetadata, SamplingState
-from minivllm.sample.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
+from minivllm.sample.sampler import (
+    Sampler,
+    apply_min_p,
+    apply_penalties,
+    apply_top_k_top_p,
+    mark_invalid,
+)
 from minivllm.sampling_params import SAMPLING_EPS, SamplingParams
 
 _MASK64 = (1 << 63) - 1
@@ -80,7 +86,9 @@ def target_probs(
     x = Sampler.apply_constraints(x, meta)
     if not meta.no_penalties:
         x = apply_penalties(x, meta)
-    argmax = x.argmax(dim=-1)
+    # A row with no distribution (NaN / +inf, or nothing allowed) gets the sampler's
+    # negative marker, whichever way the row would be picked.
+    argmax = mark_invalid(x.argmax(dim=-1), x)
     if meta.all_greedy:
         return argmax, None
     assert meta.temperature is not None
@@ -124,9 +132,8 @@ def verify(
     picks = argmax
     if probs is not None:
         noise = _noise(states, drafts, probs, draft_noise)
-        picks = torch.where(
-            _random_rows(states, drafts, device), (probs / noise).argmax(-1), argmax
-        )
+        race = (probs / noise).argmax(-1)
+        picks = torch.where(_random_rows(states, drafts, device) & (argmax >= 0), race, argmax)
     pick_list = picks.tolist()
 
     token_ids: list[list[int]] = []

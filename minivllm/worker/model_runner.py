@@ -297,10 +297,15 @@ class ModelRunner:
             noise = self.spec.take_draft_noise(inputs.sample_req_ids, inputs.sample_drafts)
             out = verify(logits, states, inputs.sample_drafts, self.vocab_size, noise)
             for state, tokens, entry in zip(states, out.token_ids, out.logprobs, strict=True):
+                error = invalid_token_error(tokens[-1])
+                if error is not None:  # a bad row ends the request alone, as in sampling
+                    failed[state.req_id] = error
+                    continue
                 state.output_token_ids.extend(tokens)
                 sampled[state.req_id] = tokens
                 entries[state.req_id] = entry
-            if scheduler_output.num_spec_tokens_to_propose:
+            states = [s for s in states if s.req_id not in failed]
+            if scheduler_output.num_spec_tokens_to_propose and states:
                 drafts = self.spec.propose(states, scheduler_output.num_spec_tokens_to_propose)
         return ModelRunnerOutput(
             req_ids=req_ids,
@@ -341,6 +346,22 @@ class ModelRunner:
         return result
 
 
+def invalid_token_error(token: int) -> str | None:
+    """Why the sampler's marker ``token`` means no token could be picked (None for a
+    real token id)."""
+    if token == NO_ALLOWED_TOKEN_ID:
+        return (
+            f"{NO_ALLOWED_TOKEN_ERROR} by the request's constraints (allowed_token_ids, "
+            "structured output, logit_bias, min_tokens), so no token could be sampled"
+        )
+    if token == INVALID_TOKEN_ID:
+        return (
+            "the logits became NaN or infinite, so no token could be sampled; check "
+            "the sampling parameters"
+        )
+    return None
+
+
 def _drop_invalid_rows(
     states: list[Any],
     matchers: list[Any],
@@ -352,18 +373,11 @@ def _drop_invalid_rows(
     scheduler finishes them with an error and frees their blocks; the batch goes on)."""
     kept = []
     for i, (state, token) in enumerate(zip(states, tokens, strict=True)):
-        if token == NO_ALLOWED_TOKEN_ID:
-            failed[state.req_id] = (
-                f"{NO_ALLOWED_TOKEN_ERROR} by the request's constraints (allowed_token_ids, "
-                "structured output, logit_bias, min_tokens), so no token could be sampled"
-            )
-        elif token == INVALID_TOKEN_ID:
-            failed[state.req_id] = (
-                "the logits became NaN or infinite, so no token could be sampled; check "
-                "the sampling parameters"
-            )
-        else:
+        error = invalid_token_error(token)
+        if error is None:
             kept.append(i)
+        else:
+            failed[state.req_id] = error
     return (
         [states[i] for i in kept],
         [matchers[i] for i in kept],

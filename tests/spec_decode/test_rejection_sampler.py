@@ -113,3 +113,20 @@ def test_seeded_rows_do_not_depend_on_the_drafts_verified() -> None:
     assert with_drafts[0] == alone[0]
     again = verify(logits, [State(params)], [[alone[0], 3]], VOCAB).token_ids[0]
     assert again == with_drafts
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_nan_row_ends_with_the_invalid_marker_not_a_token(temperature: float) -> None:
+    from minivllm.sample.sampler import INVALID_TOKEN_ID
+
+    logits = target_logits(3, 5)  # rows 0-1: the first request, rows 2-4: the second
+    drafts = [int(logits[0].argmax()), 0]
+    logits[2] = float("nan")  # the second request's first position: no distribution
+    params = SamplingParams(temperature=temperature)
+    out = verify(logits, [State(params), State(params)], [drafts[:1], drafts], VOCAB)
+    # The healthy request is verified as usual: the greedy draft is accepted, or the
+    # first pick is a real token.
+    assert all(0 <= t < VOCAB for t in out.token_ids[0])
+    # The NaN position ends the other request's step with the marker (no draft of it
+    # is accepted past a row that has no distribution).
+    assert out.token_ids[1] == [INVALID_TOKEN_ID]

@@ -107,6 +107,9 @@ class Scheduler:
             max_model_len=options.max_model_len,
             group_windows=kv_group_windows,
             max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+            enable_kv_cache_events=bool(
+                vllm_config.kv_events_config and vllm_config.kv_events_config.enable_kv_cache_events
+            ),
         )
         return cls(manager, options)
 

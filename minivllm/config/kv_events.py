@@ -90,8 +90,8 @@ def _check_endpoint(name: str, endpoint: str) -> None:
     """ValueError unless ``endpoint`` is a ZeroMQ address (tcp ones with a port)."""
     scheme = next((t for t in ZMQ_TRANSPORTS if endpoint.startswith(t)), None)
     address = endpoint[len(scheme) :] if scheme else ""
-    port = address.rpartition(":")[2] if scheme == "tcp://" else "1"
-    if not address or not (port.isdigit() or port == "*"):
+    host, _, port = address.rpartition(":") if scheme == "tcp://" else (address, "", "1")
+    if not host or not (port.isdigit() or port == "*"):
         raise ValueError(
             f"kv_events_config.{name}={endpoint!r} is not a ZeroMQ endpoint; use "
             '"tcp://HOST:PORT" ("tcp://*:5557" binds every interface), "ipc://PATH" or '

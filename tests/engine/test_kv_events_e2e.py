@@ -1,7 +1,8 @@
 """KV cache events end to end: an engine publishing on ZeroMQ, a subscriber on loopback.
 
-A tiny random Llama with a 24-block KV pool serves prompts that overflow it (so
-cached blocks get evicted), then its prefix cache is reset.  The subscriber decodes
+A tiny random Gemma 3 (one sliding-window layer, one whole-context layer: two KV
+cache groups) with a 40-block KV pool serves prompts that overflow it (so cached
+blocks get evicted), then its prefix cache is reset.  The subscriber decodes
 every batch with its own structs written from vLLM's schema (`kv_event_schema`);
 the events replayed into a set equal the block pool's cached hashes; the replay
 socket returns the batches from any sequence number, byte for byte what was
@@ -36,8 +37,15 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
     from model_helpers import save_random_hf_model
 
-    path = tmp_path_factory.mktemp("tiny-llama")
-    save_random_hf_model(path, tie_word_embeddings=False)
+    path = tmp_path_factory.mktemp("tiny-gemma3")
+    save_random_hf_model(
+        path,
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        head_dim=16,
+        sliding_window=32,
+        layer_types=["sliding_attention", "full_attention"],
+    )
     events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -51,7 +59,7 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
         skip_tokenizer_init=True,
         optimization_level=0,
         block_size=16,
-        num_gpu_blocks_override=24,
+        num_gpu_blocks_override=40,
         kv_events_config=events,
     )
     yield engine
@@ -111,7 +119,8 @@ def test_subscriber_mirrors_the_pool_and_replays_missed_batches(llm: LLM) -> Non
         llm.generate(_prompts(4, 2, 60, shared), GREEDY, use_tqdm=False)
         pool = llm.llm_engine.scheduler.kv_cache_manager.block_pool
         before_reset = pool_state(pool.cached_block_hash_to_block)
-        assert before_reset and llm.reset_prefix_cache()
+        assert {group for group, _ in before_reset} == {0, 1}  # both KV cache groups
+        assert llm.reset_prefix_cache()
         live = _receive_until_cleared(sub)
     finally:
         sub.close(linger=0)

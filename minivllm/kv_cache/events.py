@@ -23,8 +23,7 @@ hands the batch to a publisher (`minivllm.distributed.kv_events`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -90,10 +89,10 @@ def external_block_hash(block_hash: BlockHash, as_int: bool = True) -> ExternalB
     return int.from_bytes(block_hash[-8:], "big") if as_int else block_hash
 
 
-@dataclass(frozen=True)
-class StoredBlock:
+class StoredBlock(NamedTuple):
     """What an event says about one block being cached (the manager knows it, the pool
-    does not): its plain hash, its parent's, its tokens and its KV cache group."""
+    does not): its plain hash, its parent's, its tokens (plain ints) and its KV cache
+    group."""
 
     block_hash: BlockHash
     parent_hash: BlockHash | None
@@ -130,13 +129,13 @@ class KVEventLog:
             and last.block_hashes[-1] == parent
         ):
             last.block_hashes.append(ext)
-            last.token_ids.extend(int(t) for t in block.token_ids)
+            last.token_ids.extend(block.token_ids)
             return
         self._events.append(
             BlockStored(
                 block_hashes=[ext],
                 parent_block_hash=parent,
-                token_ids=[int(t) for t in block.token_ids],
+                token_ids=list(block.token_ids),
                 block_size=self.block_size,
                 lora_id=None,
                 medium=MEDIUM_GPU,

@@ -153,7 +153,10 @@ class ZmqEventPublisher(EventPublisher):
     # -- the publisher thread ---------------------------------------------------------
     def _run(self) -> None:
         while True:
-            self._serve_replays()
+            try:
+                self._serve_replays()
+            except Exception:  # replays are a service on the side: publishing goes on
+                logger.exception("KV event publisher: a replay request failed")
             try:
                 batch = self._queue.get(timeout=self.POLL_S)
             except queue.Empty:

@@ -138,6 +138,12 @@ def test_subscriber_mirrors_the_pool_and_replays_missed_batches(llm: LLM) -> Non
     assert mirror == before_reset
     apply(mirror, batches[-1])
     assert mirror == set() == pool_state(pool.cached_block_hash_to_block)
+    # A malformed request is ignored; the socket goes on serving.
+    bad = ctx.socket(zmq.DEALER)
+    bad.connect(f"tcp://127.0.0.1:{REPLAY_PORT}")
+    bad.send_multipart([b"", b"\x01"])
+    assert bad.poll(300) == 0
+    bad.close(linger=0)
     # A subscriber that missed batches asks from the first one it lacks.
     assert _replay(ctx, last - 2) == everything[-3:]
     assert _replay(ctx, last + 1) == []

@@ -91,13 +91,14 @@ def external_block_hash(block_hash: BlockHash, as_int: bool = True) -> ExternalB
 
 class StoredBlock(NamedTuple):
     """What an event says about one block being cached (the manager knows it, the pool
-    does not): its plain hash, its parent's, its tokens (plain ints) and its KV cache
-    group."""
+    does not): its plain hash, its parent's, its tokens (plain ints), its KV cache
+    group and the extra keys mixed into its hash."""
 
     block_hash: BlockHash
     parent_hash: BlockHash | None
     token_ids: Sequence[int]
     group: int = 0
+    extra_keys: tuple[Any, ...] | None = None
 
 
 class KVEventLog:
@@ -130,6 +131,8 @@ class KVEventLog:
         ):
             last.block_hashes.append(ext)
             last.token_ids.extend(block.token_ids)
+            assert last.extra_keys is not None
+            last.extra_keys.append(block.extra_keys)
             return
         self._events.append(
             BlockStored(
@@ -140,6 +143,7 @@ class KVEventLog:
                 lora_id=None,
                 medium=MEDIUM_GPU,
                 lora_name=None,
+                extra_keys=[block.extra_keys],  # one entry per block, as vLLM sends them
                 group_idx=block.group,
             )
         )

@@ -96,6 +96,8 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.hash_fn = get_hash_fn(hash_algo)
         self.block_hasher = make_block_hasher(block_size, self.hash_fn, extra_keys)
+        self.extra_keys = extra_keys
+        """Mixed into the hash of each request's first block (and so into every later one)."""
         """Give this to the scheduler's `Request` so its block hashes grow as tokens are appended."""
         events = KVEventLog(block_size) if enable_kv_cache_events else None
         self.block_pool = BlockPool(num_blocks, enable_caching, reserve_null_block, events)
@@ -254,7 +256,8 @@ class KVCacheManager:
         begin = index * self.block_size
         tokens = request.all_token_ids[begin : begin + self.block_size]
         parent = hashes[index - 1] if index else None
-        return StoredBlock(hashes[index], parent, tokens, group)
+        keys = None if index else self.extra_keys
+        return StoredBlock(hashes[index], parent, tokens, group, keys)
 
     def take_events(self) -> list[KVCacheEvent]:
         """KV cache events since the last call (`KVEventsConfig`; empty when off)."""

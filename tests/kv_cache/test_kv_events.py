@@ -103,6 +103,7 @@ def test_stored_events_carry_the_hash_chain(monkeypatch: pytest.MonkeyPatch) -> 
     for event in stored:
         assert (event.block_size, event.medium, event.group_idx) == (BS, "GPU", 0)
         assert len(event.token_ids) == BS * len(event.block_hashes)
+        assert event.extra_keys == [None] * len(event.block_hashes)
         parent = event.parent_block_hash
         for i, block_hash in enumerate(event.block_hashes):
             chunk = event.token_ids[i * BS : (i + 1) * BS]
@@ -148,3 +149,14 @@ def test_events_off_record_nothing() -> None:
     mgr = KVCacheManager(8, BS)
     _serve(mgr, "a", list(range(9)))
     assert mgr.block_pool.kv_events is None and mgr.take_events() == []
+
+
+def test_extra_keys_go_with_the_first_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    mgr = KVCacheManager(8, BS, enable_kv_cache_events=True, extra_keys=("salt",))
+    req = Request("a", list(range(8)), SamplingParams(), block_hasher=mgr.block_hasher)
+    _step(mgr, req, 8)
+    (event,) = _wire(mgr).events
+    assert event.extra_keys == [("salt",), None]
+    first = hash_block_tokens(sha256_pickle, None, range(BS), ("salt",))
+    assert event.block_hashes[0] == first == req.block_hashes[0]

@@ -12,6 +12,7 @@ published, then vLLM's end marker.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,3 +171,30 @@ def test_null_publisher_sends_nothing_and_binds_nothing() -> None:
     )
     assert isinstance(publisher, ZmqEventPublisher)
     publisher.shutdown()
+
+
+def test_batches_go_out_in_order_and_shutdown_flushes_them() -> None:
+    from minivllm.kv_cache.events import AllBlocksCleared as Cleared
+    from minivllm.kv_cache.events import KVEventBatch
+
+    ctx = zmq.Context.instance()
+    publisher = ZmqEventPublisher(data_parallel_rank=3, endpoint="inproc://kv-order", topic="t")
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"t")
+    sub.connect("inproc://kv-order")
+    try:
+        publisher.publish(KVEventBatch(ts=0.5, events=[Cleared()]))  # joins before the sub
+        time.sleep(0.2)
+        for i in range(1, 50):
+            publisher.publish(KVEventBatch(ts=float(i), events=[Cleared()]))
+        publisher.shutdown()  # sends what is queued before closing
+        got = []
+        while sub.poll(1000):
+            _, seq, payload = sub.recv_multipart()
+            got.append((int.from_bytes(seq, "big"), DECODER.decode(payload)))
+    finally:
+        sub.close(linger=0)
+    assert [seq for seq, _ in got][-49:] == list(range(1, 50))
+    assert all(b.ts == seq and b.data_parallel_rank == 3 for seq, b in got[-49:])
+    with pytest.raises(RuntimeError, match="shut down"):
+        publisher.publish(KVEventBatch(ts=1.0, events=[]))

@@ -96,9 +96,9 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.hash_fn = get_hash_fn(hash_algo)
         self.block_hasher = make_block_hasher(block_size, self.hash_fn, extra_keys)
+        """Give this to the scheduler's `Request` so its block hashes grow as tokens are appended."""
         self.extra_keys = extra_keys
         """Mixed into the hash of each request's first block (and so into every later one)."""
-        """Give this to the scheduler's `Request` so its block hashes grow as tokens are appended."""
         events = KVEventLog(block_size) if enable_kv_cache_events else None
         self.block_pool = BlockPool(num_blocks, enable_caching, reserve_null_block, events)
         self.req_to_blocks: dict[str, list[list[KVCacheBlock]]] = {}

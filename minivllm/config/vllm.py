@@ -166,7 +166,9 @@ class VllmConfig:
     kv_transfer_config: KVTransferConfig | None = None
     """Distributed KV cache transfer (unsupported: must stay None)."""
     kv_events_config: KVEventsConfig | None = None
-    """KV cache events (blocks stored / removed) published for routers; None: off."""
+    """KV cache events (blocks stored / removed) published for prefix-aware routers, e.g.
+    {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"} (see KVEventsConfig);
+    None: off."""
     ec_transfer_config: ECTransferConfig | None = None
     """Distributed encoder cache transfer (unsupported: must stay None)."""
     ec_manager_config: EncoderCacheManagerConfig = field(default_factory=EncoderCacheManagerConfig)

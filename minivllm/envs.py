@@ -128,6 +128,13 @@ def openai_api_key() -> str | None:
     return os.environ.get("OPENAI_API_KEY")
 
 
+def kv_events_use_int_block_hashes() -> bool:
+    """``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` (vLLM's name, default on): KV cache events
+    carry each block hash as the unsigned integer of its last 8 bytes; 0 sends the whole
+    32-byte digest."""
+    return _flag("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", default=True)
+
+
 def set_default_omp_spin() -> None:
     """Give libgomp a short spin (``GOMP_SPINCOUNT=1000``) unless the user chose one
     (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``); it must run before torch loads libgomp."""

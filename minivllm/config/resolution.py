@@ -301,6 +301,8 @@ def _verify_with_model(cfg: VllmConfig, prov: Provenance) -> None:
 
 
 def _warn_unused_settings(cfg: VllmConfig) -> None:
+    if cfg.kv_events_config is not None:
+        cfg.kv_events_config.warn_inert(cfg.cache_config.enable_prefix_caching)
     if cfg.cache_config.kv_sharing_fast_prefill:
         logger.warning(
             "kv_sharing_fast_prefill needs model-side support to be correct and to save "

@@ -32,6 +32,7 @@ from minivllm.config.compilation.cudagraph_sizes import set_compile_ranges, set_
 from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.config.device import DeviceConfig
 from minivllm.config.kernel import KernelConfig
+from minivllm.config.kv_events import KVEventsConfig
 from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
 from minivllm.config.model import ModelConfig
@@ -62,7 +63,6 @@ from minivllm.config.unsupported.diffusion import DiffusionConfig
 from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
 from minivllm.config.unsupported.ec_transfer import ECTransferConfig
 from minivllm.config.unsupported.engram import EngramConfig
-from minivllm.config.unsupported.kv_events import KVEventsConfig
 from minivllm.config.unsupported.kv_transfer import KVTransferConfig
 from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaConfig
@@ -166,7 +166,9 @@ class VllmConfig:
     kv_transfer_config: KVTransferConfig | None = None
     """Distributed KV cache transfer (unsupported: must stay None)."""
     kv_events_config: KVEventsConfig | None = None
-    """KV cache event publishing (unsupported: must stay None)."""
+    """KV cache events (blocks stored / removed) published for prefix-aware routers, e.g.
+    {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"} (see KVEventsConfig);
+    None: off."""
     ec_transfer_config: ECTransferConfig | None = None
     """Distributed encoder cache transfer (unsupported: must stay None)."""
     ec_manager_config: EncoderCacheManagerConfig = field(default_factory=EncoderCacheManagerConfig)

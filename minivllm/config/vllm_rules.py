@@ -13,9 +13,10 @@ not have and the config that would switch it on cannot be set (its sub-config's
   attention off with async SD, EAGLE with fast prefill or chunked local
   attention, DFlash/DSpark runner checks, adaptive verification;
 - LoRA: ``verify_with_model_config``;
-- KV transfer / connectors / NIXL / EC transfer / KV events: NIXL DCP asserts,
+- KV transfer / connectors / NIXL / EC transfer: NIXL DCP asserts,
   connector-requires-PIECEWISE, HMA support of connectors, kv_offloading-derived
-  connectors, ``_verify_kv_transfer_compat``, the KV-events warnings;
+  connectors, ``_verify_kv_transfer_compat`` (the KV-events warnings are
+  `KVEventsConfig.warn_inert`, called with the unused-settings warnings);
 - DBO / micro-batching, DeepEP and MoonEP all2all backends, EPLB (MoE);
 - multimodal encoders: encoder-only instances, mm processor / video devices,
   encoder CUDA graphs, ``language_model_only``, ``torch_shm``;

@@ -14,10 +14,12 @@ applies its results.  So while stage 2 runs batch 1, stage 1 runs batch 2.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from minivllm.distributed.kv_events import EventPublisherFactory, KVEventBatch
 from minivllm.engine.input_processor import InputProcessor, PromptInput, ValidatedRequest
 from minivllm.engine.offline_stats import OfflineStatsCollector
 from minivllm.engine.output_processor import OutputProcessor, ParentRequest
@@ -64,6 +66,10 @@ class LLMEngine:
             # Only the output rank samples: the other ranks get its tokens this way.
             send_sampled_tokens=parallel.world_size > 1,
         )
+        self.kv_event_publisher = EventPublisherFactory.create(
+            vllm_config.kv_events_config, parallel.data_parallel_rank
+        )
+        """Sends the KV cache events of each step (`KVEventsConfig`)."""
         self.output_processor = OutputProcessor(
             self.tokenizer, vllm_config.observability_config.per_request_spec_decode_metrics
         )
@@ -194,6 +200,7 @@ class LLMEngine:
     ) -> list[RequestOutput]:
         """Update the scheduler from one batch's results and turn them into outputs."""
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self._publish_kv_events()
         self._fail_siblings(core_outputs)
         collector = self._offline_stats
         stats = collector.observe(core_outputs, self.output_processor) if collector else None
@@ -206,6 +213,19 @@ class LLMEngine:
             for stat_logger in self.stat_loggers:
                 stat_logger.record(scheduler_stats, stats)
         return outputs
+
+    def _publish_kv_events(self) -> None:
+        """The KV cache events since the last call, as one batch (none: nothing sent)."""
+        events = self.scheduler.kv_cache_manager.take_events()
+        if events:
+            self.kv_event_publisher.publish(KVEventBatch(ts=time.time(), events=events))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (False, changing nothing, while requests hold
+        blocks); with KV events on, an `AllBlocksCleared` goes out at once."""
+        ok = self.scheduler.reset_prefix_cache()
+        self._publish_kv_events()
+        return ok
 
     def add_stat_loggers(self, stat_loggers: list[Any]) -> None:
         """Have the engine itself feed ``stat_loggers`` after every step (offline use;
@@ -244,8 +264,10 @@ class LLMEngine:
         return bool(self.executor.is_healthy())
 
     def shutdown(self) -> None:
-        """Stop the executor's workers (a no-op for the in-process one)."""
+        """Stop the executor's workers (a no-op for the in-process one) and the KV event
+        publisher."""
         self.executor.shutdown()
+        self.kv_event_publisher.shutdown()
 
     def has_unfinished_requests(self) -> bool:
         """Requests still running or waiting, or batches whose results are still due."""

@@ -76,6 +76,11 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.get_tokenizer()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, as vLLM's; False (nothing changed) while requests
+        hold KV blocks."""
+        return self.llm_engine.reset_prefix_cache()
+
     def generate(
         self,
         prompts: PromptInput | Sequence[PromptInput],

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from minivllm.kv_cache.events import KVCacheEvent, KVEventLog, StoredBlock
 from minivllm.kv_cache.hashing import BlockHash
 
 
@@ -113,7 +114,11 @@ class BlockPool:
     """Owns every KV block: allocation, freeing, and the hash -> cached block map."""
 
     def __init__(
-        self, num_blocks: int, enable_caching: bool = True, reserve_null_block: bool = True
+        self,
+        num_blocks: int,
+        enable_caching: bool = True,
+        reserve_null_block: bool = True,
+        kv_events: KVEventLog | None = None,
     ) -> None:
         if num_blocks < 1 + int(reserve_null_block):
             raise ValueError(
@@ -131,6 +136,8 @@ class BlockPool:
             self.null_block = self.free_block_queue.popleft()
             self.null_block.is_null = True
         self.num_usable_blocks = num_blocks - int(reserve_null_block)
+        self.kv_events = kv_events
+        """Where cache changes are reported (`KVEventsConfig`); None: not reported."""
 
     # -- lookups ------------------------------------------------------------
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
@@ -179,8 +186,11 @@ class BlockPool:
                 self.free_block_queue.append(block)
 
     # -- prefix cache -----------------------------------------------------------
-    def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
-        """Publish a newly filled block under its hash.
+    def cache_full_block(
+        self, block: KVCacheBlock, block_hash: BlockHash, stored: StoredBlock | None = None
+    ) -> None:
+        """Publish a newly filled block under its hash (``stored``: what a KV event
+        says about it, when events are on).
 
         If another block already holds the same content (two requests computed the
         same prefix in the same step), the first one stays the cached copy and this
@@ -192,12 +202,16 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self.cached_block_hash_to_block[block_hash] = block
+        if self.kv_events is not None and stored is not None:
+            self.kv_events.stored(block_hash, stored)
 
     def _evict_cached_hash(self, block: KVCacheBlock) -> None:
         if block.block_hash is None:
             return
         if self.cached_block_hash_to_block.get(block.block_hash) is block:
             del self.cached_block_hash_to_block[block.block_hash]
+            if self.kv_events is not None:
+                self.kv_events.removed(block.block_hash)
         block.block_hash = None
 
     def reset_prefix_cache(self) -> bool:
@@ -211,4 +225,10 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
+        if self.kv_events is not None:
+            self.kv_events.cleared()
         return True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """KV cache events since the last call (none when events are off)."""
+        return self.kv_events.take_events() if self.kv_events is not None else []

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from minivllm.kv_cache.block_pool import BlockPool, KVCacheBlock, PrefixCacheStats
 from minivllm.kv_cache.blocks import KVCacheBlocks
+from minivllm.kv_cache.events import KVCacheEvent, KVEventLog, StoredBlock
 from minivllm.kv_cache.groups import sliding_window_blocks_held
 from minivllm.kv_cache.hashing import BlockHash, HashableRequest, get_hash_fn, make_block_hasher
 from minivllm.math_utils import cdiv
@@ -78,6 +79,7 @@ class KVCacheManager:
         extra_keys: tuple[Any, ...] | None = None,
         group_windows: Sequence[int | None] = (None,),
         max_num_batched_tokens: int | None = None,
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive number of tokens, got {block_size}.")
@@ -95,7 +97,10 @@ class KVCacheManager:
         self.hash_fn = get_hash_fn(hash_algo)
         self.block_hasher = make_block_hasher(block_size, self.hash_fn, extra_keys)
         """Give this to the scheduler's `Request` so its block hashes grow as tokens are appended."""
-        self.block_pool = BlockPool(num_blocks, enable_caching, reserve_null_block)
+        self.extra_keys = extra_keys
+        """Mixed into the hash of each request's first block (and so into every later one)."""
+        events = KVEventLog(block_size) if enable_kv_cache_events else None
+        self.block_pool = BlockPool(num_blocks, enable_caching, reserve_null_block, events)
         self.req_to_blocks: dict[str, list[list[KVCacheBlock]]] = {}
         """Per request, one block table per group (equal lengths)."""
         # Leading blocks of each request already published in the prefix cache.
@@ -236,11 +241,27 @@ class KVCacheManager:
         hashes = self.update_block_hashes(request)
         num_full = min(num_computed_tokens // self.block_size, len(tables[0]), len(hashes))
         start = self.num_cached_blocks.get(request.request_id, 0)
+        with_events = self.block_pool.kv_events is not None
         for g, blocks in enumerate(tables):
             for i in range(start, num_full):
                 if not blocks[i].is_null:
-                    self.block_pool.cache_full_block(blocks[i], _group_key(g, hashes[i]))
+                    stored = self._stored_block(request, hashes, i, g) if with_events else None
+                    self.block_pool.cache_full_block(blocks[i], _group_key(g, hashes[i]), stored)
         self.num_cached_blocks[request.request_id] = max(start, num_full)
+
+    def _stored_block(
+        self, request: KVCacheRequest, hashes: list[BlockHash], index: int, group: int
+    ) -> StoredBlock:
+        """What a `BlockStored` event says about block ``index`` of ``request``."""
+        begin = index * self.block_size
+        tokens = request.all_token_ids[begin : begin + self.block_size]
+        parent = hashes[index - 1] if index else None
+        keys = None if index else self.extra_keys
+        return StoredBlock(hashes[index], parent, tokens, group, keys)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """KV cache events since the last call (`KVEventsConfig`; empty when off)."""
+        return self.block_pool.take_events()
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached hash; False while any request holds blocks."""

@@ -75,6 +75,13 @@ class ParallelFields(Protocol):
     def pipeline_parallel_size(self) -> int: ...
 
 
+class KVEventsFields(Protocol):
+    """Fields of `KVEventsConfig`."""
+
+    @property
+    def enable_kv_cache_events(self) -> bool: ...
+
+
 class SchedulingConfig(Protocol):
     """What `Scheduler.from_config` reads from a `VllmConfig`."""
 
@@ -98,3 +105,6 @@ class SchedulingConfig(Protocol):
 
     @property
     def model_config(self) -> ModelFields | None: ...
+
+    @property
+    def kv_events_config(self) -> KVEventsFields | None: ...

@@ -99,6 +99,7 @@ class Scheduler:
         cache = vllm_config.cache_config
         if cache.block_size is None:
             raise ValueError("cache_config.block_size is unset; resolve the VllmConfig first.")
+        events = getattr(vllm_config, "kv_events_config", None)  # optional, as in vLLM
         manager = KVCacheManager(
             num_blocks=num_blocks,
             block_size=cache.block_size,
@@ -107,6 +108,7 @@ class Scheduler:
             max_model_len=options.max_model_len,
             group_windows=kv_group_windows,
             max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+            enable_kv_cache_events=bool(events and events.enable_kv_cache_events),
         )
         return cls(manager, options)
 

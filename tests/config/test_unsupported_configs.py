@@ -27,7 +27,6 @@ from minivllm.config.unsupported.diffusion import DiffusionConfig
 from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
 from minivllm.config.unsupported.ec_transfer import ECTransferConfig
 from minivllm.config.unsupported.engram import EngramConfig
-from minivllm.config.unsupported.kv_events import KVEventsConfig
 from minivllm.config.unsupported.kv_transfer import KVTransferConfig
 from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaBackendEnum, MambaConfig
@@ -43,7 +42,6 @@ from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 CASES = [
     (LoRAConfig, {"max_lora_rank": 8}, "LoRA (lora_config)", True),
     (KVTransferConfig, {"kv_connector": "NixlConnector"}, "KV transfer", False),
-    (KVEventsConfig, {"enable_kv_cache_events": True}, "KV cache event", False),
     (ECTransferConfig, {"ec_connector": "X"}, "encoder cache transfer", False),
     (DiffusionConfig, {"canvas_length": 8}, "diffusion", True),
     (EngramConfig, {"storage_device": "cuda"}, "Engram", True),

@@ -21,10 +21,14 @@ class ForcedTokenMatcher:
         self.token_id = token_id
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        import torch
+
         word, bit = divmod(self.token_id, 32)
-        bitmask[row].zero_()
-        # Bit 31 is the int32 sign bit.
-        bitmask[row, word] = (1 << bit) - (1 << 32 if bit == 31 else 0)
+        # A grammar thread fills the step's buffer, made under the runner's inference mode.
+        with torch.inference_mode():
+            bitmask[row].zero_()
+            # Bit 31 is the int32 sign bit.
+            bitmask[row, word] = (1 << bit) - (1 << 32 if bit == 31 else 0)
 
     def accept_token(self, token_id: int) -> bool:
         return token_id == self.token_id  # the gate itself advances (observe)

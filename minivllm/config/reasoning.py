@@ -18,7 +18,6 @@ from minivllm.reasoning import (
     REASONING_PARSERS,
     ReasoningMarkers,
     ReasoningParser,
-    get_reasoning_parser,
     new_reasoning_parser,
 )
 
@@ -45,10 +44,11 @@ class ReasoningConfig:
         if not self.requested:
             return  # vLLM's empty config: no reasoning
         if name:
-            try:
-                get_reasoning_parser(name)
-            except ValueError as exc:
-                raise ValueError(str(exc)) from None
+            if name not in REASONING_PARSERS:
+                raise ValueError(
+                    f"unknown reasoning_parser {name!r}; choose one of "
+                    f"{', '.join(sorted(REASONING_PARSERS))}"
+                )
         if not (self.start_str and self.end_str):
             raise ValueError(
                 f"reasoning parser {self.parser_name!r} has no markers of its own; set "

@@ -201,6 +201,9 @@ class SamplingParams:
     """Free-form arguments for custom extensions; ignored by minivllm itself."""
     structured_outputs: StructuredOutputsParams | None = None
     """Constrain the output to a JSON schema, regex, choice or grammar."""
+    thinking_token_budget: int | None = None
+    """Most tokens a reasoning model may think: then its end-of-reasoning marker is
+    forced and the answer follows.  None: no limit; needs a reasoning parser."""
 
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     """stop_token_ids plus the model's EOS ids (filled by update_from_*)."""
@@ -262,6 +265,11 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1 (or None), got {self.max_tokens}.")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}.")
+        budget = self.thinking_token_budget
+        if budget is not None and (not isinstance(budget, int) or budget < 0):
+            raise ValueError(
+                f"thinking_token_budget must be an int >= 0 (or None: no limit), got {budget!r}."
+            )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})."

@@ -36,6 +36,7 @@ from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
 from minivllm.config.model import ModelConfig
 from minivllm.config.parallel import ParallelConfig
+from minivllm.config.reasoning import ReasoningConfig
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.vllm import VllmConfig
 
@@ -84,6 +85,8 @@ TARGETS = [
         LoggingConfig,
         only=frozenset({"disable_log_stats", "log_stats_interval_s"}),
     ),
+    # --reasoning-parser, --reasoning-start-str, --reasoning-end-str (vLLM's flag names).
+    ConfigTarget("reasoning_config", ReasoningConfig),
     ConfigTarget("", VllmConfig, only=ROOT_FIELDS),
 ]
 """Which configs feed `EngineArgs`, in build order (a field two configs share belongs to

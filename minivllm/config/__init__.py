@@ -23,6 +23,7 @@ from minivllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG, Optimizat
 from minivllm.config.parallel import ParallelConfig
 from minivllm.config.profiler import ProfilerConfig
 from minivllm.config.quantization import GGUFConfig, QuantizationConfig
+from minivllm.config.reasoning import ReasoningConfig
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.structured_outputs import StructuredOutputsConfig
@@ -39,7 +40,6 @@ from minivllm.config.unsupported.offload import (
     PrefetchOffloadConfig,
     UVAOffloadConfig,
 )
-from minivllm.config.unsupported.reasoning import ReasoningConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.vllm import (

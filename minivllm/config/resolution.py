@@ -25,6 +25,7 @@ from minivllm.config import vllm_rules as rules
 from minivllm.config.compilation.modes import CompilationMode
 from minivllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG
 from minivllm.config.provenance import Provenance, Source, flatten
+from minivllm.config.reasoning import resolve_reasoning
 from minivllm.logger import init_logger
 from minivllm.platforms import current_platform
 
@@ -42,6 +43,7 @@ def resolve(cfg: VllmConfig, user_set_paths: frozenset[str] | None = None) -> Pr
     prov.mark_user(_resolve_user_paths(cfg, user_set_paths))
     _check_root_fields(cfg)
     _check_supported(cfg)
+    resolve_reasoning(cfg)
     _resolve_model(cfg, prov)
     _resolve_scheduling(cfg, prov)
     breakable = _resolve_compile_switches(cfg, prov)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 from minivllm.config.utils import config, hash_factors
+from minivllm.reasoning import get_reasoning_parser
 
 StructuredOutputsBackend = Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"]
 
@@ -35,11 +36,13 @@ class StructuredOutputsConfig:
     """With llguidance, treat a JSON schema object without "additionalProperties" as
     if it said false (xgrammar already does so)."""
     reasoning_parser: str = ""
-    """Reasoning parser for reasoning models; minivllm has none, so it must be empty."""
+    """Reasoning parser of a reasoning model (see `ReasoningConfig`; ``--reasoning-parser``
+    sets both): a grammar then constrains only the answer after the reasoning."""
     reasoning_parser_plugin: str = ""
-    """Path of a reasoning parser plugin; must be empty (no reasoning parsers)."""
+    """Path of a reasoning parser plugin; must be empty (minivllm loads no plugins)."""
     enable_in_reasoning: bool = False
-    """Constrain the reasoning section too; needs a reasoning parser, so must be False."""
+    """Constrain the reasoning section too (with a reasoning parser, the grammar then
+    applies from the first generated token)."""
     max_spec_bytes: int = 65536
     """Largest constraint a request may give, in bytes of its text: the JSON schema (as
     compact JSON), the regex, the grammar, the structural tag, or the choice list (as a
@@ -102,12 +105,17 @@ class StructuredOutputsConfig:
                 f"structured_outputs_config.backend={self.backend!r} is not supported by "
                 f"minivllm; use one of {', '.join(map(repr, RUNNABLE_BACKENDS))}"
             )
-        for name in ("reasoning_parser", "reasoning_parser_plugin", "enable_in_reasoning"):
-            if getattr(self, name):
-                raise ValueError(
-                    f"structured_outputs_config.{name}={getattr(self, name)!r}: minivllm has "
-                    "no reasoning parsers; leave it unset"
-                )
+        if self.reasoning_parser_plugin:
+            raise ValueError(
+                f"structured_outputs_config.reasoning_parser_plugin="
+                f"{self.reasoning_parser_plugin!r}: minivllm loads no parser plugins; use "
+                "--reasoning-parser with a built-in parser, or leave it unset"
+            )
+        if self.reasoning_parser:
+            try:
+                get_reasoning_parser(self.reasoning_parser)
+            except ValueError as exc:
+                raise ValueError(f"structured_outputs_config.reasoning_parser: {exc}") from None
 
     def compute_hash(self) -> str:
         """Grammars act on logits after the graph: no factors."""

@@ -54,6 +54,7 @@ from minivllm.config.parallel import ParallelConfig
 from minivllm.config.profiler import ProfilerConfig
 from minivllm.config.provenance import Provenance
 from minivllm.config.quantization import QuantizationConfig, get_quant_config
+from minivllm.config.reasoning import ReasoningConfig
 from minivllm.config.resolution import resolve
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.speculative import SpeculativeConfig
@@ -67,7 +68,6 @@ from minivllm.config.unsupported.kv_transfer import KVTransferConfig
 from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig
-from minivllm.config.unsupported.reasoning import ReasoningConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.utils import config, get_hash_factors, hash_factors
@@ -174,7 +174,7 @@ class VllmConfig:
     ec_manager_config: EncoderCacheManagerConfig = field(default_factory=EncoderCacheManagerConfig)
     """Custom encoder cache manager (unsupported: defaults only)."""
     reasoning_config: ReasoningConfig | None = None
-    """Reasoning models (unsupported: must stay None)."""
+    """Reasoning models: the parser and its markers (``--reasoning-parser``); None: off."""
     weight_transfer_config: WeightTransferConfig | None = None
     """Weight transfer for RL training (unsupported: must stay None)."""
     additional_config: dict[str, Any] = field(default_factory=dict)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from minivllm.engine.reasoning import check_thinking_budget
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.manager import StructuredOutputManager
 
@@ -79,6 +80,7 @@ class InputProcessor:
         self._check_prompt(token_ids, params)
         self.scheduler.check_request(len(token_ids), priority, params.n)
         params.verify_for_model(self.vocab_size, self.max_logprobs)
+        check_thinking_budget(self.vllm_config, params)
         grammar = self._compile_grammar(params)
         params.update_from_tokenizer(self.eos_token_id)
         if self.model_eos_token_ids:

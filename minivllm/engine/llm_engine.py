@@ -23,6 +23,7 @@ from minivllm.distributed.kv_events import EventPublisherFactory, KVEventBatch
 from minivllm.engine.input_processor import InputProcessor, PromptInput, ValidatedRequest
 from minivllm.engine.offline_stats import OfflineStatsCollector
 from minivllm.engine.output_processor import OutputProcessor, ParentRequest
+from minivllm.engine.reasoning import init_reasoning_token_ids
 from minivllm.executor.factory import get_executor_class
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
@@ -54,6 +55,7 @@ class LLMEngine:
         self.tokenizer = None
         if not model_config.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(model_config.tokenizer or model_config.model)
+        init_reasoning_token_ids(vllm_config, self.tokenizer)  # before the workers get it
         self.executor = get_executor_class(vllm_config)(vllm_config)
         parallel = vllm_config.parallel_config
         self.batch_queue: deque[tuple[SchedulerOutput, Any]] = deque()

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.reasoning import ReasoningMarkers, ThinkingGate
 from minivllm.sample.metadata import make_request_generator
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler.output import NewRequestData
+from minivllm.structured_output.reasoning_gate import step_matcher
 from minivllm.structured_output.spec import GrammarMatcher
 
 
@@ -28,9 +31,15 @@ class CachedRequestState:
     generator: torch.Generator | None = None
     grammar_matcher: GrammarMatcher | None = None
     """The request's place in its grammar (structured outputs only)."""
+    thinking_gate: ThinkingGate | None = None
+    """A reasoning model's request with a grammar or a thinking budget: where it stands
+    relative to its reasoning (see `minivllm.structured_output.reasoning_gate`)."""
 
     @classmethod
-    def from_new(cls, data: NewRequestData, device: torch.device) -> CachedRequestState:
+    def from_new(
+        cls, data: NewRequestData, device: torch.device, markers: ReasoningMarkers | None = None
+    ) -> CachedRequestState:
+        gate = _start_gate(data, markers)
         return cls(
             req_id=data.req_id,
             prompt_token_ids=list(data.prompt_token_ids),
@@ -39,8 +48,19 @@ class CachedRequestState:
             num_computed_tokens=data.num_computed_tokens,
             output_token_ids=list(data.output_token_ids),
             generator=make_request_generator(data.sampling_params, device),
-            grammar_matcher=_start_matcher(data),
+            grammar_matcher=_start_matcher(data, gate),
+            thinking_gate=gate,
         )
+
+    def step_matcher(self) -> Any:
+        """What constrains this request's next token (a grammar matcher, the forced
+        end-of-reasoning token, or None)."""
+        return step_matcher(self.thinking_gate, self.grammar_matcher)
+
+    def observe_reasoning(self, token_id: int) -> None:
+        """Advance the reasoning gate over a sampled token (after the matchers)."""
+        if self.thinking_gate is not None:
+            self.thinking_gate.observe(token_id)
 
     def append_block_ids(self, new_ids: list[int], num_groups: int) -> None:
         """Add a step's new blocks (group after group) to each group's table."""
@@ -79,14 +99,27 @@ def split_groups(ids: list[int], num_groups: int) -> list[list[int]]:
     return [ids[g * size : (g + 1) * size] for g in range(num_groups)]
 
 
-def _start_matcher(data: NewRequestData) -> GrammarMatcher | None:
-    """A fresh matcher, advanced over the tokens generated before a preemption."""
-    if data.grammar is None:
+def _start_gate(data: NewRequestData, markers: ReasoningMarkers | None) -> ThinkingGate | None:
+    """The reasoning gate of a request that needs one (a grammar or a thinking budget on
+    a reasoning model), at the start of its output; None otherwise."""
+    budget = data.sampling_params.thinking_token_budget
+    if markers is None or (data.grammar is None and budget is None):
         return None
-    matcher: GrammarMatcher = data.grammar.new_matcher()
+    return ThinkingGate(markers, data.prompt_token_ids, budget)
+
+
+def _start_matcher(data: NewRequestData, gate: ThinkingGate | None) -> GrammarMatcher | None:
+    """A fresh matcher; the tokens generated before a preemption are replayed through it
+    (those its gate let through) and through the gate."""
+    matcher: GrammarMatcher | None = None
+    if data.grammar is not None:
+        matcher = data.grammar.new_matcher()
     for token_id in data.output_token_ids:
-        if not matcher.accept_token(token_id):
+        current = step_matcher(gate, matcher)
+        if current is not None and not current.accept_token(token_id):
             raise ValueError(f"token {token_id} of the output breaks the request's grammar")
+        if gate is not None:
+            gate.observe(token_id)
     return matcher
 
 

@@ -43,6 +43,7 @@ from minivllm.sample.sampler import (
 from minivllm.sampling_params import NO_ALLOWED_TOKEN_ERROR
 from minivllm.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from minivllm.structured_output.bitmask import GrammarBitmask
+from minivllm.structured_output.reasoning_gate import reasoning_markers
 from minivllm.worker.forward_runner import ForwardRunner
 from minivllm.worker.input_batch import CachedRequestState, StepInputs, build_step_inputs
 from minivllm.worker.spec_decode import SpecDecoder
@@ -80,6 +81,8 @@ class ModelRunner:
         self.grammar_bitmask = GrammarBitmask(
             self.vocab_size, device, vllm_config.structured_outputs_config
         )
+        self.reasoning_markers = reasoning_markers(vllm_config)
+        """Token ids of a reasoning model's markers (None: no reasoning parser)."""
         world = get_world_group()
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         self.is_output_rank = world.rank_in_group == output_rank(world.world_size, tp_size)
@@ -182,7 +185,7 @@ class ModelRunner:
                 self.spec.forget(req_id)
         for new in scheduler_output.scheduled_new_reqs:
             try:
-                state = CachedRequestState.from_new(new, self.device)
+                state = CachedRequestState.from_new(new, self.device, self.reasoning_markers)
                 self._replay_generator(state)
             except Exception as exc:  # e.g. a seed torch.Generator refuses
                 logger.exception("request %s cannot run; failing it alone", new.req_id)
@@ -247,7 +250,7 @@ class ModelRunner:
         if inputs.sample_req_ids:
             states = [self.states[r] for r in inputs.sample_req_ids]
             row_entries: list[Any] = [None] * len(states)
-            matchers = [s.grammar_matcher for s in states]
+            matchers = [s.step_matcher() for s in states]
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             meta = SamplingMetadata.build(states, self.vocab_size, self.device)
             # A request whose grammar breaks a limit ends alone (in `failed`).
@@ -265,6 +268,7 @@ class ModelRunner:
                 req_ids = [r for r in req_ids if r not in failed]
             self.grammar_bitmask.accept([s.req_id for s in states], matchers, tokens, failed)
             for state, token, entry in zip(states, tokens, row_entries, strict=True):
+                state.observe_reasoning(token)
                 state.output_token_ids.append(token)
                 sampled[state.req_id] = token
                 entries[state.req_id] = entry

@@ -31,7 +31,6 @@ from minivllm.config.unsupported.kv_transfer import KVTransferConfig
 from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaBackendEnum, MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig, UVAOffloadConfig
-from minivllm.config.unsupported.reasoning import ReasoningConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
 from minivllm.config.unsupported.weight_transfer import WeightTransferConfig
 from minivllm.config.utils import UnsupportedFeature, non_default_fields
@@ -45,7 +44,6 @@ CASES = [
     (ECTransferConfig, {"ec_connector": "X"}, "encoder cache transfer", False),
     (DiffusionConfig, {"canvas_length": 8}, "diffusion", True),
     (EngramConfig, {"storage_device": "cuda"}, "Engram", True),
-    (ReasoningConfig, {"reasoning_parser": "deepseek_r1"}, "reasoning", True),
     (WatermarkConfig, {"alpha": 2.0}, "watermarking", True),
     (WeightTransferConfig, {"backend": "ipc"}, "weight transfer", True),
     (EncoderCacheManagerConfig, {"ec_manager_cls": "a.B"}, "encoder cache manager", False),

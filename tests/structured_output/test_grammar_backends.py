@@ -142,8 +142,10 @@ def test_params_and_config_validation() -> None:
     assert params.clone().structured_outputs == StructuredOutputsParams(choice=["a", "b"])
     with pytest.raises(ValueError, match="outlines"):
         StructuredOutputsConfig(backend="outlines")
-    with pytest.raises(ValueError, match="reasoning"):
-        StructuredOutputsConfig(reasoning_parser="deepseek_r1")
+    with pytest.raises(ValueError, match="deepseek_r1, generic, qwen3"):
+        StructuredOutputsConfig(reasoning_parser="nope")
+    with pytest.raises(ValueError, match="plugins"):
+        StructuredOutputsConfig(reasoning_parser_plugin="x.py")
 
 
 def test_worker_replays_the_output_after_a_preemption(tokenizer) -> None:  # noqa: ANN001

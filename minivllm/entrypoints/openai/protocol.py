@@ -191,6 +191,9 @@ class SamplingRequest(OpenAIRequest, StructuredOutputFields):
     request_id: str | None = None
     """Shown as the response's ``id``; the engine runs the request under an id the server
     makes unique, so two requests with one id never touch each other."""
+    thinking_token_budget: int | None = Field(None, ge=0)
+    """Most tokens a reasoning model may think before its end marker is forced (needs
+    --reasoning-parser)."""
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this request; ValueError names the field at fault."""
@@ -223,6 +226,7 @@ class SamplingRequest(OpenAIRequest, StructuredOutputFields):
             allowed_token_ids=self.allowed_token_ids,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
             structured_outputs=self.structured_outputs_of_request(),
+            thinking_token_budget=self.thinking_token_budget,
         )
 
 
@@ -387,6 +391,9 @@ class ChatCompletionRequest(SamplingRequest):
     """"none", "auto" (the default with tools), "required", or a named function."""
     parallel_tool_calls: bool | None = None
     """Accepted for OpenAI compatibility; the model may make several calls either way."""
+    include_reasoning: bool = True
+    """With a reasoning parser: return the reasoning (``message.reasoning``); false
+    drops it (the answer is the same)."""
 
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens
@@ -417,6 +424,10 @@ class ChatLogProbs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning: str | None = None
+    """A reasoning model's thinking (with --reasoning-parser), apart from the answer."""
+    reasoning_content: str | None = None
+    """The older name of ``reasoning`` (the same text), still read by many clients."""
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
@@ -442,6 +453,9 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    """The older name of ``reasoning`` (the same text)."""
     tool_calls: list[DeltaToolCall] | None = None
 
 

@@ -38,6 +38,7 @@ from minivllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser
 from minivllm.entrypoints.openai.tool_stream import ToolStream
 from minivllm.entrypoints.openai.tools import ToolPlan, conversation_entry
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+from minivllm.reasoning import ReasoningParser
 
 ROLE = "assistant"
 """The role of every generated message."""
@@ -195,14 +196,27 @@ class OpenAIServingChat(OpenAIServing):
                 completion.token_ids, completion.logprobs or [], request.top_logprobs or 0
             )
         content: str | None = completion.text
+        reasoning = None
+        parser = self.reasoning_parser(request.chat_template_kwargs)
+        if parser is not None:
+            # Tool calls are looked for in the answer only, never in the thinking.
+            reasoning, content = parser.extract_reasoning(completion.text)
+            reasoning = reasoning if request.include_reasoning else None
         tool_calls = []
         finish_reason = completion.finish_reason
         if plan is not None:
-            content, tool_calls = plan.extract(completion.text)
+            content, tool_calls = plan.extract(content or "")
             finish_reason = _finish_reason(plan, finish_reason, bool(tool_calls))
+        message = ChatResponseMessage(
+            role=ROLE,
+            content=content,
+            tool_calls=tool_calls,
+            reasoning=reasoning,
+            reasoning_content=reasoning,
+        )
         return ChatCompletionResponseChoice(
             index=completion.index,
-            message=ChatResponseMessage(role=ROLE, content=content, tool_calls=tool_calls),
+            message=message,
             logprobs=logprobs,
             finish_reason=finish_reason,
             stop_reason=completion.stop_reason,
@@ -221,6 +235,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> AsyncIterator[str]:
         usage = StreamUsage.of(request.stream_options, num_prompt_tokens, request.n)
         tool_streams = [ToolStream(plan) for _ in range(request.n)] if plan else None
+        parsers = [self.reasoning_parser(request.chat_template_kwargs) for _ in range(request.n)]
 
         def chunk(index: int, delta: DeltaMessage, **kwargs: Any) -> str:
             body = ChatCompletionStreamResponse(
@@ -240,7 +255,9 @@ class OpenAIServingChat(OpenAIServing):
                 for completion in output.outputs:
                     usage.num_tokens[completion.index] += len(completion.token_ids)
                     tools = tool_streams[completion.index] if tool_streams else None
-                    for index, delta, extra in self._stream_deltas(request, completion, tools):
+                    parser = parsers[completion.index]
+                    deltas = self._stream_deltas(request, completion, tools, parser)
+                    for index, delta, extra in deltas:
                         yield chunk(index, delta, **extra)
 
         return framed(
@@ -249,10 +266,15 @@ class OpenAIServingChat(OpenAIServing):
         )
 
     def _stream_deltas(
-        self, request: ChatCompletionRequest, completion: CompletionOutput, tools: ToolStream | None
+        self,
+        request: ChatCompletionRequest,
+        completion: CompletionOutput,
+        tools: ToolStream | None,
+        parser: ReasoningParser | None = None,
     ) -> list[tuple[int, DeltaMessage, dict[str, Any]]]:
         """The chunks (choice index, delta, other choice fields) that this output of one
-        choice adds to the stream: none, one, or two when the end releases held text."""
+        choice adds to the stream: none, one, or more when the output holds reasoning
+        and content, or the end releases held text."""
         finished = completion.finish_reason is not None
         if not completion.text and not finished and not completion.token_ids:
             return []
@@ -263,7 +285,17 @@ class OpenAIServingChat(OpenAIServing):
             )
         extra: dict[str, Any] = {"logprobs": logprobs, "finish_reason": None}
         chunks = []
-        before, delta = _deltas(completion.text, tools, finished)
+        text = completion.text
+        if parser is not None:
+            split = parser.feed(text, completion.token_ids, final=finished)
+            reasoning, text = split.reasoning, split.content or ""
+            if reasoning and request.include_reasoning:
+                delta = DeltaMessage(reasoning=reasoning, reasoning_content=reasoning)
+                chunks.append((completion.index, delta, dict(extra)))
+                extra["logprobs"] = None  # sent once, with the first chunk
+            if not text and not finished:
+                return chunks
+        before, delta = _deltas(text, tools, finished)
         if before is not None:
             chunks.append((completion.index, before, dict(extra)))
         if finished:

@@ -45,6 +45,7 @@ from minivllm.entrypoints.openai.protocol import (
 from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
+from minivllm.reasoning import ReasoningParser
 from minivllm.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
@@ -184,6 +185,14 @@ class OpenAIServing:
         self.max_log_len = max_log_len
         self.enable_log_requests = enable_log_requests
         self.max_model_len: int = engine.model_config.max_model_len
+
+    def reasoning_parser(
+        self, chat_template_kwargs: dict[str, Any] | None = None
+    ) -> ReasoningParser | None:
+        """A fresh reasoning parser for one generated text, or None without
+        --reasoning-parser (see `minivllm.reasoning`)."""
+        reasoning = self.engine.vllm_config.reasoning_config
+        return None if reasoning is None else reasoning.new_parser(chat_template_kwargs)
 
     def check_model(self, name: str | None) -> str:
         """The served name to answer with; 404 for a model this server does not serve."""

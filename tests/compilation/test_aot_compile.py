@@ -219,30 +219,36 @@ def test_without_aot_the_forward_traces_as_usual(
     assert greedy_tokens(llm) == first_start["eager"]
 
 
-@pytest.fixture(scope="module")
-def tiny_q8_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 1-layer Llama GGUF whose every matrix (embedding and LM head too) is Q8_0."""
+@pytest.fixture(scope="module", params=["Q8_0", "Q4_1"])
+def tiny_lowbit_gguf(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A 1-layer Llama GGUF whose every matrix (embedding and LM head too) is Q8_0,
+    or, as in the default model, whose layer matrices are Q4_1 (run as int4, packed
+    into views of a larger tensor)."""
+    from gguf import GGMLQuantizationType
     from gguf_helpers import write_tiny_gguf
 
-    path = tmp_path_factory.mktemp("q8_gguf") / "tiny.gguf"
-    write_tiny_gguf(str(path), tie=False, num_layers=1, all_q8_0=True)
+    path = tmp_path_factory.mktemp("lowbit_gguf") / f"tiny-{request.param}.gguf"
+    layer_type = None if request.param == "Q8_0" else GGMLQuantizationType[request.param]
+    write_tiny_gguf(str(path), tie=False, num_layers=1, all_q8_0=True, layer_type=layer_type)
     return path
 
 
 @needs_aot_api
 def test_gguf_quantized_second_start_loads_the_trace(
-    tiny_q8_gguf: Path, tmp_path: Path, monkeypatch: Any
+    tiny_lowbit_gguf: Path, tmp_path: Path, monkeypatch: Any
 ) -> None:
     """``quantization="gguf"`` saves and loads the trace like the float path (the
     quantized lookup tables reached Dynamo as views, which it could not pickle)."""
     monkeypatch.setenv("MINIVLLM_CACHE_ROOT", str(tmp_path / "root"))
     opts: dict[str, Any] = dict(quantization="gguf", max_model_len=128)
-    eager = greedy_tokens(make_llm(tiny_q8_gguf, compilation_config={"mode": 0}, **opts))
-    llm, first, _ = start(tiny_q8_gguf, compilation_config=INDUCTOR, **opts)
+    eager = greedy_tokens(make_llm(tiny_lowbit_gguf, compilation_config={"mode": 0}, **opts))
+    llm, first, _ = start(tiny_lowbit_gguf, compilation_config=INDUCTOR, **opts)
     assert first["num_dynamo_traces"] == 1 and first["num_aot_saves"] == 1
     assert greedy_tokens(llm) == eager
     del llm
-    llm, second, _ = start(tiny_q8_gguf, compilation_config=INDUCTOR, **opts)
+    llm, second, _ = start(tiny_lowbit_gguf, compilation_config=INDUCTOR, **opts)
     assert second.get("num_dynamo_traces", 0) == 0 and second["num_aot_loads"] == 1
     assert second.get("num_backend_compilations", 0) == 0
     assert greedy_tokens(llm) == eager

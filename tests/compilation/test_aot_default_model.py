@@ -54,6 +54,7 @@ def _start(cache_root: Path) -> tuple[dict[str, Any], str]:
     return json.loads(lines[-1][len(MARKER) :]), log
 
 
+@pytest.mark.slow  # test_aot_compile.py's tiny Q4_1 GGUF covers the packed views, faster
 @pytest.mark.skipif(
     os.environ.get("MINIVLLM_USE_AOT_COMPILE", "1") == "0", reason="AOT compile turned off"
 )

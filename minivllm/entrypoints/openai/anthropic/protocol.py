@@ -71,6 +71,9 @@ class MessagesRequest(MessagesInput):
     top_k: int | None = Field(None, ge=-1)
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    """``{"format": {"type": "json_schema", "schema": {...}}}`` constrains the answer to
+    the schema (the structured-outputs path); ``effort`` is accepted and not used."""
 
 
 class CountTokensRequest(MessagesInput):

@@ -28,6 +28,7 @@ from minivllm.entrypoints.openai.anthropic.translate import (
     chat_tool_choice,
     chat_tools,
     content_block,
+    response_format,
     stop_of,
     template_kwargs,
 )
@@ -98,6 +99,7 @@ class AnthropicServingMessages:
             temperature=request.temperature,
             top_p=request.top_p,
             top_k=request.top_k,
+            response_format=response_format(request.output_config),
             stream=request.stream,
         )
         result = await run_chat(self.chat, chat)

@@ -131,6 +131,19 @@ def template_kwargs(request: MessagesInput) -> dict[str, Any] | None:
     return None
 
 
+def response_format(output_config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``output_config.format`` as chat's ``response_format``."""
+    fmt = (output_config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise _bad(
+            'output_config.format must be {"type": "json_schema", "schema": {...}}',
+            "output_config.format",
+        )
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
+
+
 def content_block(block: Block) -> dict[str, Any]:
     """One block as an Anthropic content block (a tool call's input parsed)."""
     if block.kind == "reasoning":

@@ -58,7 +58,9 @@ class MessagesInput(OpenAIRequest):
     tool_choice: AnthropicToolChoice | None = None
     thinking: dict[str, Any] | None = None
     """``{"type": "disabled"}`` asks the chat template not to think
-    (``enable_thinking: false``, as Qwen3's reads it); otherwise up to the model."""
+    (``enable_thinking: false``, as Qwen3's reads it); ``{"type": "enabled",
+    "budget_tokens": N}`` caps the thinking at N tokens (``thinking_token_budget``,
+    with --reasoning-parser)."""
 
 
 class MessagesRequest(MessagesInput):

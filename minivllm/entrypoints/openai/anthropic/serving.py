@@ -30,7 +30,7 @@ from minivllm.entrypoints.openai.anthropic.translate import (
     content_block,
     response_format,
     stop_of,
-    template_kwargs,
+    thinking_fields,
 )
 from minivllm.entrypoints.openai.chat_bridge import (
     BlockDelta,
@@ -82,7 +82,7 @@ class AnthropicServingMessages:
             tools=chat_tools(request),
             tool_choice=chat_tool_choice(choice),
             parallel_tool_calls=None if choice is None else not choice.disable_parallel_tool_use,
-            chat_template_kwargs=template_kwargs(request),
+            **thinking_fields(request),
             **fields,
         )
 

@@ -124,11 +124,18 @@ def chat_tool_choice(choice: AnthropicToolChoice | None) -> Any:
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
 
-def template_kwargs(request: MessagesInput) -> dict[str, Any] | None:
-    """``thinking: {"type": "disabled"}`` as the chat template's switch."""
-    if request.thinking and request.thinking.get("type") == "disabled":
-        return {"enable_thinking": False}
-    return None
+def thinking_fields(request: MessagesInput) -> dict[str, Any]:
+    """The chat fields of ``thinking``: ``{"type": "disabled"}`` turns the chat
+    template's thinking off (``enable_thinking: false``, as Qwen3's reads it);
+    ``{"type": "enabled", "budget_tokens": N}`` caps the thinking at N tokens (the
+    reasoning parser's ``thinking_token_budget``)."""
+    thinking = request.thinking or {}
+    if thinking.get("type") == "disabled":
+        return {"chat_template_kwargs": {"enable_thinking": False}}
+    budget = thinking.get("budget_tokens")
+    if thinking.get("type") == "enabled" and isinstance(budget, int):
+        return {"thinking_token_budget": budget}
+    return {}
 
 
 def response_format(output_config: dict[str, Any] | None) -> dict[str, Any] | None:

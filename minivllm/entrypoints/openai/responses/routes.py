@@ -1,4 +1,4 @@
-"""The routes of the Responses API: create, retrieve, cancel and delete."""
+"""The routes of the Responses API: create, retrieve and cancel."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ from minivllm.entrypoints.openai.server_utils import (
 _NOT_STORED = {
     404: {
         "model": ErrorResponse,
-        "description": "No stored response has this id (never stored, deleted, or evicted)",
+        "description": "No stored response has this id (never stored, or evicted)",
     }
 }
 
 
 def add_responses_routes(app: FastAPI, responses: OpenAIServingResponses) -> None:
-    """/v1/responses and /v1/responses/{response_id} (GET, DELETE, POST .../cancel)."""
+    """/v1/responses, GET /v1/responses/{response_id} and POST .../cancel."""
     create = generation_handler(responses.create_response)
 
     @app.post(
@@ -52,10 +52,6 @@ def add_responses_routes(app: FastAPI, responses: OpenAIServingResponses) -> Non
     )
     async def cancel_response(response_id: str) -> JSONResponse:
         return _json(responses.cancel(response_id))
-
-    @app.delete("/v1/responses/{response_id}", responses={**documented_errors(401), **_NOT_STORED})
-    async def delete_response(response_id: str) -> JSONResponse:
-        return JSONResponse(responses.delete(response_id))
 
 
 def _json(body: Any) -> JSONResponse:

@@ -1,5 +1,5 @@
-"""``/v1/responses``: create (whole, streamed or in the background), retrieve, cancel
-and delete responses.
+"""``/v1/responses``: create (whole, streamed or in the background), retrieve and
+cancel responses.
 
 A request becomes a chat request (`translate`) that runs through `OpenAIServingChat`
 (`chat_bridge`), so templates, tools, structured outputs and the reasoning parser
@@ -52,8 +52,8 @@ _RUNNING = ("queued", "in_progress")
 
 def not_found(response_id: str, what: str = "Response") -> OpenAIServingError:
     return OpenAIServingError(
-        f"{what} with id {response_id!r} not found (never stored, deleted, or evicted from "
-        "the server's bounded store)",
+        f"{what} with id {response_id!r} not found (never stored, or evicted from the "
+        "server's bounded store)",
         HTTPStatus.NOT_FOUND,
         param="previous_response_id" if what != "Response" else None,
     )
@@ -100,11 +100,6 @@ class OpenAIServingResponses:
         if entry is None:
             raise not_found(response_id)
         return entry.response
-
-    def delete(self, response_id: str) -> dict[str, Any]:
-        if self.store.delete(response_id) is None:
-            raise not_found(response_id)
-        return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     def cancel(self, response_id: str) -> ResponsesResponse:
         """Stop a background response that is still running (400 for any other)."""

@@ -98,14 +98,6 @@ class ResponseStore:
         self._expire()
         return self._entries.get(response_id)
 
-    def delete(self, response_id: str) -> StoredResponse | None:
-        """Remove and return the entry (its background task is cancelled)."""
-        self._expire()
-        entry = self._entries.pop(response_id, None)
-        if entry is not None:
-            _stop(entry)
-        return entry
-
     def _expire(self) -> None:
         cutoff = self._clock() - self.limits.max_age_s
         while self._entries:

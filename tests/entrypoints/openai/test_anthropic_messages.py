@@ -63,6 +63,14 @@ def test_plain_message_matches_chat_completions(claude, client) -> None:  # noqa
     assert counted.input_tokens == chat.usage.prompt_tokens
 
 
+def test_assistant_prefill_is_continued(claude, client) -> None:  # noqa: ANN001
+    prefill = [*QUESTION, {"role": "assistant", "content": "My answer is"}]
+    message = _create(claude, messages=prefill, max_tokens=6)
+    chat = _chat(client, prefill, max_tokens=6,
+                 extra_body={"continue_final_message": True, "add_generation_prompt": False})  # fmt: skip
+    assert message.content[0].text == chat.choices[0].message.content
+
+
 def test_stop_sequence(claude) -> None:  # noqa: ANN001
     text = _create(claude).content[0].text
     word = text.split()[1]

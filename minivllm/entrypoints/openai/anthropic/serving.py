@@ -76,9 +76,16 @@ class AnthropicServingMessages:
 
     def _chat_request(self, request: MessagesInput, **fields: Any) -> ChatCompletionRequest:
         choice = request.tool_choice
+        messages = chat_messages(request)
+        # A conversation that ends with the assistant's text is a prefill: the answer
+        # continues it (Anthropic's behaviour).
+        last = messages[-1]
+        prefill = last["role"] == "assistant" and bool(last["content"]) and "tool_calls" not in last
         return chat_request(
             model=request.model,
-            messages=chat_messages(request),
+            messages=messages,
+            add_generation_prompt=not prefill,
+            continue_final_message=prefill,
             tools=chat_tools(request),
             tool_choice=chat_tool_choice(choice),
             parallel_tool_calls=None if choice is None else not choice.disable_parallel_tool_use,

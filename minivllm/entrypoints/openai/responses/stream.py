@@ -153,3 +153,6 @@ async def response_events(
                 yield line
     except Exception as exc:
         yield stream.fail(exc)
+    finally:
+        if stream.response.status == "in_progress":  # the client left: aborted
+            stream.response.status = "cancelled"

@@ -107,6 +107,8 @@ def input_messages(request: ResponsesRequest) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for i, item in enumerate(request.input):
         _add_item(messages, item, f"input.{i}")
+    if not messages and request.previous_response_id is None:
+        raise _bad("input has no message; give some text or a message item", "input")
     return messages
 
 

@@ -27,7 +27,7 @@ WEATHER_PARAMS = {
 }
 TOOL = {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMS}
 NAMED = {"type": "function", "name": "get_weather"}
-GREEDY: dict[str, Any] = {"temperature": 0, "max_output_tokens": 12}
+GREEDY: dict[str, Any] = {"temperature": 0, "max_output_tokens": 8}
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 
 
@@ -37,7 +37,7 @@ def _create(client: openai.OpenAI, **kwargs: Any) -> Response:
     return Response.model_validate(raw.http_response.json())
 
 
-def _chat(client: openai.OpenAI, messages: list[dict[str, Any]], max_tokens: int = 12) -> Any:
+def _chat(client: openai.OpenAI, messages: list[dict[str, Any]], max_tokens: int = 8) -> Any:
     return client.chat.completions.create(
         model=MODEL_NAME, messages=messages, temperature=0, max_tokens=max_tokens
     )
@@ -74,6 +74,9 @@ def test_streamed_response_events(client) -> None:  # noqa: ANN001
     assert text == whole.output_text
     final = Response.model_validate(events[-1].response.to_dict())
     assert final.output_text == text and final.usage.output_tokens == whole.usage.output_tokens
+    # A streamed response is stored whole once it has ended, with the ids streamed.
+    stored = client.responses.retrieve(final.id)
+    assert stored.output_text == text and stored.output[0].id == events[2].item.id
 
 
 def test_function_tool_round_trip(client) -> None:  # noqa: ANN001

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -129,9 +129,31 @@ class Usage:
 BlockEvent = BlockStart | BlockDelta | BlockStop | Usage | Finish
 
 
-def chat_request(**fields: Any) -> ChatCompletionRequest:
-    """A chat request for the translated fields; a stream reports its token counts on
-    every chunk, since both APIs need the prompt's count at their stream's start."""
+NOT_FORWARDED = frozenset({
+    "model", "messages", "n", "stream", "stream_options", "tools", "tool_choice",
+    "logprobs", "top_logprobs", "prompt_logprobs", "echo", "add_generation_prompt",
+    "continue_final_message",
+})  # fmt: skip
+"""Chat fields the translation owns (or that answers of one choice without logprobs
+cannot carry): never taken from a request's extra fields."""
+
+
+def chat_extensions(request: BaseModel) -> dict[str, Any]:
+    """vLLM's chat extensions sent with a Responses or Messages request (``top_k``,
+    ``min_p``, ``seed``, ``structured_outputs``, ``chat_template_kwargs``, ...): its
+    extra fields that a chat request knows, taken out of its extras (so they are not
+    reported as unknown)."""
+    extra = request.model_extra or {}
+    known = ChatCompletionRequest.model_fields
+    names = [name for name in extra if name in known and name not in NOT_FORWARDED]
+    return {name: extra.pop(name) for name in names}
+
+
+def chat_request(extensions: dict[str, Any], **fields: Any) -> ChatCompletionRequest:
+    """A chat request for the translated ``fields`` (which win over the client's
+    ``extensions``); a stream reports its token counts on every chunk, since both
+    APIs need the prompt's count at their stream's start."""
+    fields = {**extensions, **{k: v for k, v in fields.items() if v is not None}}
     try:
         request = ChatCompletionRequest(**fields)
     except ValidationError as exc:

@@ -41,6 +41,7 @@ from minivllm.entrypoints.openai.chat_bridge import (
     Usage,
     block_events,
     blocks_of,
+    chat_extensions,
     chat_request,
     run_chat,
 )
@@ -75,13 +76,17 @@ class AnthropicServingMessages:
         self.chat = chat
 
     def _chat_request(self, request: MessagesInput, **fields: Any) -> ChatCompletionRequest:
+        """The chat request of ``request`` (with its vLLM extensions) and ``fields``."""
         choice = request.tool_choice
         messages = chat_messages(request)
         # A conversation that ends with the assistant's text is a prefill: the answer
         # continues it (Anthropic's behaviour).
         last = messages[-1]
         prefill = last["role"] == "assistant" and bool(last["content"]) and "tool_calls" not in last
+        extensions = chat_extensions(request)
+        self.chat.warn_unknown_fields(request)
         return chat_request(
+            extensions,
             model=request.model,
             messages=messages,
             add_generation_prompt=not prefill,
@@ -98,7 +103,6 @@ class AnthropicServingMessages:
     ) -> MessagesResponse | AsyncIterator[str]:
         """The message, or its event stream (``stream``)."""
         model = self.chat.check_model(request.model)
-        self.chat.warn_unknown_fields(request)
         chat = self._chat_request(
             request,
             max_completion_tokens=request.max_tokens,
@@ -127,7 +131,6 @@ class AnthropicServingMessages:
     async def count_tokens(self, request: CountTokensRequest) -> TokenCount:
         """The prompt's token count: the conversation rendered as /v1/messages would."""
         self.chat.check_model(request.model)
-        self.chat.warn_unknown_fields(request)
         chat = self._chat_request(request)
         shown = None
         if chat.tools and chat.tool_choice != "none":

@@ -20,6 +20,7 @@ from minivllm.entrypoints.openai.chat_bridge import (
     Finish,
     block_events,
     blocks_of,
+    chat_extensions,
     chat_request,
     run_chat,
 )
@@ -72,10 +73,11 @@ class OpenAIServingResponses:
         """The response, its event stream (``stream``), or at once a queued response
         (``background``)."""
         model = self.chat.check_model(request.model)
+        extensions = chat_extensions(request)
         self.chat.warn_unknown_fields(request)
         history = self._history(request.previous_response_id)
         conversation = history + input_messages(request)
-        chat = _chat_request_of(request, conversation)
+        chat = _chat_request_of(request, conversation, extensions)
         response = _response_of(request, model, self.store.enabled)
         _check_modes(request, response)
         if request.background:
@@ -199,10 +201,11 @@ def _check_modes(request: ResponsesRequest, response: ResponsesResponse) -> None
 
 
 def _chat_request_of(
-    request: ResponsesRequest, conversation: list[dict[str, Any]]
+    request: ResponsesRequest, conversation: list[dict[str, Any]], extensions: dict[str, Any]
 ) -> ChatCompletionRequest:
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
     return chat_request(
+        extensions,
         model=request.model,
         messages=[*system, *conversation],
         max_completion_tokens=request.max_output_tokens,

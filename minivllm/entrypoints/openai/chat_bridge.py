@@ -201,14 +201,14 @@ class _Assembler:
     calls: dict[int, int] = field(default_factory=dict)
     """Tool call index in the chat stream -> its block's index."""
 
-    def _close(self) -> list[BlockEvent]:
+    def close(self) -> list[BlockEvent]:
         if not self.open:
             return []
         self.open = False
         return [BlockStop(len(self.blocks) - 1, self.blocks[-1])]
 
     def _start(self, block: Block) -> list[BlockEvent]:
-        events = self._close()
+        events = self.close()
         self.blocks.append(block)
         self.open = True
         # A copy: the block grows as deltas come, its start event shows it empty.
@@ -265,6 +265,6 @@ async def block_events(
             if choice.finish_reason is not None:
                 finish.finish_reason = choice.finish_reason
                 finish.stop_reason = choice.stop_reason
-    for event in assembler._close():
+    for event in assembler.close():
         yield event
     yield finish

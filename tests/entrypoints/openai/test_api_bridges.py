@@ -14,6 +14,7 @@ from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from minivllm.entrypoints.cli.main import main
 from minivllm.entrypoints.openai.anthropic.protocol import MessagesRequest
 from minivllm.entrypoints.openai.anthropic.serving import _message_events
 from minivllm.entrypoints.openai.anthropic.translate import chat_messages, content_block
@@ -245,7 +246,7 @@ def test_store_expires_by_age() -> None:
     assert store.get("b") is None and len(store) == 0
 
 
-def test_store_limits_are_checked() -> None:
+def test_store_limits_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError, match="--responses-store-max-entries"):
         StoreLimits(max_entries=-1)
     with pytest.raises(ValueError, match="--responses-store-max-age"):
@@ -253,3 +254,9 @@ def test_store_limits_are_checked() -> None:
     store = ResponseStore(StoreLimits(max_entries=0))
     store.put(_entry("a"))
     assert not store.enabled and store.get("a") is None
+    # The server flags: a bad value exits with status 2 and one line, before any load.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--responses-store-max-entries", "-1"])
+    assert exit_info.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "--responses-store-max-entries: must be >= 0" in line

@@ -10,6 +10,7 @@ import argparse
 import json
 
 from minivllm.entrypoints.model_tag import add_model_tag_argument
+from minivllm.entrypoints.openai.responses.store import add_store_arguments, store_limits_of
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
 """--max-request-body-bytes default (16 MiB); the API server's own default is the same."""
@@ -128,6 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["critical", "error", "warning", "info", "debug", "trace"],
         help="Log level of uvicorn (the HTTP server).",
     )
+    add_store_arguments(server)
     EngineArgs.add_cli_args(parser)
     _accept_several_served_names(parser)
 
@@ -173,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             "argument --enable-auto-tool-choice: needs --tool-call-parser (hermes or llama3_json)"
         )
+    store_limits_of(args)  # ValueError for a bad store limit, before the model loads
     from minivllm.entrypoints.openai.api_server import run_server
 
     return run_server(args)

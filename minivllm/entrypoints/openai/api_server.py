@@ -38,8 +38,16 @@ from prometheus_client import CollectorRegistry
 from minivllm import __version__
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.stat_logger import LoggingStatLogger
+from minivllm.entrypoints.openai.anthropic.routes import (
+    AnthropicErrorMiddleware,
+    add_messages_routes,
+)
+from minivllm.entrypoints.openai.anthropic.serving import AnthropicServingMessages
 from minivllm.entrypoints.openai.http_protocol import HttpLimits, guarded_protocol
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
+from minivllm.entrypoints.openai.responses.routes import add_responses_routes
+from minivllm.entrypoints.openai.responses.serving import OpenAIServingResponses
+from minivllm.entrypoints.openai.responses.store import ResponseStore, StoreLimits, store_limits_of
 from minivllm.entrypoints.openai.routes import (
     Handlers,
     add_exception_handlers,
@@ -92,6 +100,7 @@ def build_app(
     cors: CORSSettings | None = None,
     enable_auto_tool_choice: bool = False,
     tool_call_parser: str | None = None,
+    responses_store: StoreLimits | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` (``stat_logger`` backs ``/metrics``)."""
     model_config = engine.model_config
@@ -104,6 +113,7 @@ def build_app(
         {"max_log_len": max_log_len, "enable_log_requests": enable_log_requests},
         {"trust_request_chat_template": trust_request_chat_template},
         {"enable_auto_tools": enable_auto_tool_choice, "tool_parser": tool_call_parser},
+        ResponseStore(responses_store or StoreLimits()),
     )
 
     @contextlib.asynccontextmanager
@@ -122,6 +132,8 @@ def build_app(
     add_info_routes(app, engine, models, stat_logger)
     add_generation_routes(app, handlers)
     add_tokenizer_routes(app, handlers.tokenization)
+    add_responses_routes(app, handlers.responses)
+    add_messages_routes(app, handlers.messages)
     return app
 
 
@@ -131,6 +143,7 @@ def _make_handlers(
     common: dict[str, Any],
     trust: dict[str, Any],
     tools: dict[str, Any],
+    store: ResponseStore,
 ) -> tuple[TokenizerPool, Handlers]:
     """The endpoint handlers, sharing one tokenizer pool (returned for shutdown)."""
     # The API thread gets its own tokenizer so it never shares one with the engine thread.
@@ -140,11 +153,14 @@ def _make_handlers(
         tokenizer = engine.get_tokenizer()
     pool = TokenizerPool(tokenizer)
     common = {**common, "pool": pool}
+    chat = OpenAIServingChat(engine, models, tokenizer, **common, **trust, **tools)
     return pool, Handlers(
         models=models,
         completion=OpenAIServingCompletion(engine, models, tokenizer, **common),
-        chat=OpenAIServingChat(engine, models, tokenizer, **common, **trust, **tools),
+        chat=chat,
         tokenization=OpenAIServingTokenization(engine, models, tokenizer, **common, **trust),
+        responses=OpenAIServingResponses(chat, store),
+        messages=AnthropicServingMessages(chat),
     )
 
 
@@ -153,6 +169,7 @@ def _add_middlewares(app: FastAPI, api_key: str | None, max_body: int, cors: COR
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(AnthropicErrorMiddleware)  # sees the 401s and 413s too
     # Outermost: a CORS preflight is answered before the key check, and every answer
     # (a 401 or a 413 included) carries its X-Request-Id.
     app.add_middleware(
@@ -274,6 +291,7 @@ def run_server(args: argparse.Namespace) -> int:
         ),
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        responses_store=store_limits_of(args),
     )
     print(config_summary(engine, args.host, args.port, args.api_key, names), flush=True)
     logger.info("ready in %.1f s: serving on http://%s:%d", time.perf_counter() - start,

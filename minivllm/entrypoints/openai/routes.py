@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -48,6 +48,10 @@ from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
 from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from minivllm.logger import init_logger
 
+if TYPE_CHECKING:
+    from minivllm.entrypoints.openai.anthropic.serving import AnthropicServingMessages
+    from minivllm.entrypoints.openai.responses.serving import OpenAIServingResponses
+
 logger = init_logger(__name__)
 
 
@@ -59,6 +63,8 @@ class Handlers:
     completion: OpenAIServingCompletion
     chat: OpenAIServingChat
     tokenization: OpenAIServingTokenization
+    responses: OpenAIServingResponses
+    messages: AnthropicServingMessages
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
@@ -218,7 +224,7 @@ def add_info_routes(
         return JSONResponse(models.show_available_models().model_dump(mode="json"))
 
 
-def _handler(
+def generation_handler(
     work: Callable[[Any], Awaitable[Any]],
 ) -> Callable[[Any, Request], Awaitable[Response]]:
     """A generation route's body: run ``work`` unless the client leaves, answer with
@@ -236,8 +242,8 @@ def _handler(
 
 def add_generation_routes(app: FastAPI, handlers: Handlers) -> None:
     """/v1/completions and /v1/chat/completions."""
-    complete = _handler(handlers.completion.create_completion)
-    chat_complete = _handler(handlers.chat.create_chat_completion)
+    complete = generation_handler(handlers.completion.create_completion)
+    chat_complete = generation_handler(handlers.chat.create_chat_completion)
 
     @app.post(
         "/v1/completions",

@@ -47,11 +47,13 @@ def error_response(err: OpenAIServingError, headers: dict[str, str] | None = Non
 
 class APIKeyMiddleware:
     """Pure ASGI middleware (streaming-safe): every path but `OPEN_PATHS` needs
-    ``Authorization: Bearer <api_key>``; a 401 says so in ``WWW-Authenticate``."""
+    ``Authorization: Bearer <api_key>`` (or Anthropic's ``x-api-key: <api_key>``); a 401
+    says so in ``WWW-Authenticate``."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.expected_x_api_key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -59,8 +61,13 @@ class APIKeyMiddleware:
             and scope["method"] != "OPTIONS"
             and scope["path"] not in OPEN_PATHS
         ):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"")
+            x_api_key = headers.get(b"x-api-key", b"")
+            if not (
+                hmac.compare_digest(given, self.expected)
+                or hmac.compare_digest(x_api_key, self.expected_x_api_key)
+            ):
                 err = OpenAIServingError(
                     "Unauthorized: a valid API key is needed (Authorization: Bearer <key>)",
                     HTTPStatus.UNAUTHORIZED,

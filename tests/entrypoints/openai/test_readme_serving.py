@@ -52,3 +52,22 @@ def test_readme_openai_example(server: RemoteServer, capsys: pytest.CaptureFixtu
     exec(compile(code, "README-openai-example", "exec"), {})
     printed = capsys.readouterr().out
     assert "completion_tokens" in printed and len(printed.strip()) > 20
+
+
+def test_readme_responses_and_messages_example(
+    server: RemoteServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    [block] = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", _serve_section(), flags=re.S)
+        if "messages.create" in b
+    ]
+    code = (
+        block.replace(f'"{DEFAULT_URL}/v1"', f'"{server.url}/v1"')
+        .replace(f'"{DEFAULT_URL}"', f'"{server.url}"')
+        .replace('api_key="EMPTY"', f'api_key="{API_KEY}"')
+    )
+    assert code.count(server.url) == 2
+    exec(compile(code, "README-responses-example", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "input_tokens" in printed and "output_tokens" in printed

@@ -9,36 +9,16 @@ thinks for ``thinking_token_budget`` tokens, then answers from a forced choice.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
+import anthropic
+import openai
 import pytest
-
-pytest.importorskip("minivllm.reasoning", reason="needs the reasoning parsers (branch reasoning)")
-reasoning_model = pytest.importorskip("reasoning_model")
-
-import anthropic  # noqa: E402
-import openai  # noqa: E402
-from anthropic.types import Message, RawMessageStreamEvent  # noqa: E402
-from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
-from pydantic import TypeAdapter  # noqa: E402
-from server_utils import RemoteServer  # noqa: E402
+from anthropic.types import Message, RawMessageStreamEvent
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+from server_utils import RemoteServer
 
 QUESTION = "Is 7 prime?"
 FORCED = {"structured_outputs": {"choice": ["yes", "no"]}, "thinking_token_budget": 4}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteServer]:
-    model_dir: Path = reasoning_model.build_reasoning_model(tmp_path_factory.mktemp("thinker"))
-    remote = RemoteServer("--model", str(model_dir), "--served-model-name", "thinker",
-                          "--reasoning-parser", "qwen3", max_model_len=512,
-                          num_gpu_blocks=128)  # fmt: skip
-    try:
-        remote.wait_ready()
-        yield remote
-    finally:
-        remote.stop()
 
 
 @pytest.fixture(scope="module")

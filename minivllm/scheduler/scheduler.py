@@ -460,6 +460,9 @@ class Scheduler:
                 continue  # preempted while the step ran: it recomputes from its tokens
             i = row.get(rid)
             sampled = sampled_rows[i] if i is not None else []
+            pooled = model_runner_output.pooler_output.get(rid)
+            if pooled is not None:  # a pooling request: done after its prompt
+                request.status = RequestStatus.FINISHED_STOPPED
             new_token_ids: list[int] = []
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
             if drafts and sampled and self.spec is not None:
@@ -485,6 +488,7 @@ class Scheduler:
                 outputs.append(
                     self._make_output(request, new_token_ids, new_logprobs, prompt_logprobs)
                 )
+                outputs[-1].pooling_output = pooled
         if finished_ids:
             self.running = [r for r in self.running if r.request_id not in finished_ids]
         return outputs

@@ -101,7 +101,8 @@ class ModelConfig:
     """Which runner serves the model: "generate" (text generation) or "pooling"
     (embeddings, classification, scores). "auto": "pooling" for architectures
     without an LM head (``BertModel``, ``Qwen3Model``, ``*ForSequenceClassification``),
-    "generate" otherwise. "draft" is not supported."""
+    "generate" otherwise (also "pooling" when ``convert`` names a task, or a GGUF
+    file declares a pooling type). "draft" is not supported."""
     convert: ConvertOption = "auto"
     """Adapter turning the model into a pooling model of a task (pooling runner
     only): "embed" (pooled hidden states; an LM head is dropped) or "classify"
@@ -327,7 +328,8 @@ class ModelConfig:
         gguf_pooling = hf_utils.gguf_pooling_type(self.model) if self.is_gguf else None
         runner = self.runner
         if runner == "auto":
-            runner = "pooling" if gguf_pooling else default_runner([arch])
+            pooling = gguf_pooling or self.convert in ("embed", "classify")
+            runner = "pooling" if pooling else default_runner([arch])
         if runner == "generate":
             if is_pooling_only(arch):
                 raise ValueError(
@@ -540,6 +542,7 @@ class ModelConfig:
             return not self.is_attention_free
         assert self.pooler_config is not None
         return not self.is_encoder_only and self.pooler_config.pooling_type == "LAST"
+
     supports_replayssm = property(lambda self: False, doc="No SSM layers.")
     uses_mrope = property(lambda self: False, doc="No multimodal RoPE.")
 

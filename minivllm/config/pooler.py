@@ -76,8 +76,6 @@ class PoolerConfig:
     """STEP pooling's vocabulary slice (process reward models). Not supported."""
 
     def __post_init__(self) -> None:
-        if self.pooling_type is not None:
-            self.pooling_type = self.pooling_type.upper()  # type: ignore[assignment]
         if self.pooling_type == "STEP" or self.step_tag_id is not None or self.returned_token_ids:
             raise ValueError(
                 "pooler_config: STEP pooling (step_tag_id, returned_token_ids) is for "
@@ -134,13 +132,23 @@ def sentence_transformers_pooling(model_dir: str) -> str | None:
             if not cfg_file.is_file():
                 return None
             cfg: dict[str, Any] = json.loads(cfg_file.read_text())
-            modes = {
-                "pooling_mode_cls_token": "CLS",
-                "pooling_mode_mean_tokens": "MEAN",
-                "pooling_mode_lasttoken": "LAST",
-            }
-            return next((v for k, v in modes.items() if cfg.get(k)), None)
+            return _pooling_mode(cfg)
     return None
+
+
+_ST_MODES = {"cls": "CLS", "mean": "MEAN", "lasttoken": "LAST"}
+"""sentence-transformers' pooling modes that map onto minivllm's pooling types."""
+
+
+def _pooling_mode(cfg: dict[str, Any]) -> str | None:
+    """The pooling type of a sentence-transformers ``Pooling`` config, in its current
+    form (``"pooling_mode": "mean"``) or its older one (``"pooling_mode_mean_tokens"``)."""
+    mode = cfg.get("pooling_mode")
+    if isinstance(mode, str):
+        return _ST_MODES.get(mode)
+    flags = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
+    flags["pooling_mode_lasttoken"] = "lasttoken"
+    return next((_ST_MODES[v] for k, v in flags.items() if cfg.get(k)), None)
 
 
 def resolve_pooler_config(

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from minivllm.config.pooler import apply_pooling_rules
 from minivllm.config import vllm_rules as rules
 from minivllm.config.compilation.modes import CompilationMode
 from minivllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG
+from minivllm.config.pooler import apply_pooling_rules
 from minivllm.config.provenance import Provenance, Source, flatten
 from minivllm.logger import init_logger
 from minivllm.platforms import current_platform

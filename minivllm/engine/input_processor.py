@@ -96,6 +96,9 @@ class InputProcessor:
     ) -> ValidatedRequest:
         """A pooling request (`check_pooling_request`); ValueError naming the problem."""
         text, token_ids = self.tokenize(prompt)
+        if text == "":
+            # A tokenizer's special tokens alone ([CLS] [SEP]) would embed nothing.
+            raise ValueError("the input is empty; give a non-empty string")
         params = pooling_params.clone()
         token_ids = check_pooling_request(
             self.vllm_config.model_config, token_ids, params, task, self.vocab_size

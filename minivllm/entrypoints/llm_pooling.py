@@ -25,6 +25,15 @@ if TYPE_CHECKING:
     from minivllm.engine.llm_engine import LLMEngine, PromptInput
 
 
+def as_prompt_list(prompts: Any) -> list[PromptInput]:
+    """One prompt or a sequence of prompts -> a list (a flat int list is one prompt)."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
+        return [list(prompts)]
+    return list(prompts)
+
+
 class PoolingMixin:
     """The pooling half of `LLM` (it provides ``llm_engine`` and ``_run_engine``)."""
 
@@ -39,9 +48,7 @@ class PoolingMixin:
         pooling_task: str = "encode",
     ) -> list[PoolingRequestOutput]:
         """Pool every prompt; outputs in the prompts' order (``.outputs.data``)."""
-        from minivllm.entrypoints.llm import _as_prompt_list
-
-        prompt_list = _as_prompt_list(prompts)
+        prompt_list = as_prompt_list(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             params_list = [pooling_params or PoolingParams()] * len(prompt_list)
         else:
@@ -102,9 +109,7 @@ class PoolingMixin:
         if model_config.convert_type == "embed":
             embeds = self.encode(first + second, pooling_params, use_tqdm, "embed")
             n = len(first)
-            return [
-                cosine_output(a, b) for a, b in zip(embeds[:n], embeds[n:], strict=True)
-            ]
+            return [cosine_output(a, b) for a, b in zip(embeds[:n], embeds[n:], strict=True)]
         tokenizer = self.llm_engine.get_tokenizer()
         prompts = [
             {"prompt_token_ids": tokenizer(a, b)["input_ids"]}

@@ -116,12 +116,13 @@ class Scheduler:
         rules); an invalid one here is a bug, so it only asserts."""
         rid = request.request_id
         assert rid not in self.requests, f"request id {rid!r} is already in use"
-        assert request.num_prompt_tokens < self.options.max_model_len, "prompt not validated"
+        # <=: a pooling request may fill the context (it generates nothing).
+        assert request.num_prompt_tokens <= self.options.max_model_len, "prompt not validated"
         assert request.num_prompt_tokens <= self.kv_cache_manager.max_num_tokens, (
             "prompt not validated"
         )
         if request.max_tokens is None:
-            request.max_tokens = self.options.max_model_len - request.num_prompt_tokens
+            request.max_tokens = max(1, self.options.max_model_len - request.num_prompt_tokens)
         if request.block_hasher is None and self.kv_cache_manager.enable_caching:
             request.block_hasher = self.kv_cache_manager.block_hasher
             request.update_block_hashes()

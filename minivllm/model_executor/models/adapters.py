@@ -69,7 +69,9 @@ class DecoderPoolingModel(nn.Module):
             for name, tensor in weights:
                 if name.startswith(_BASE_PREFIXES):
                     name = "model." + name
-                if name.startswith("lm_head.") or (self.score is None and name.startswith("score.")):
+                if name.startswith("lm_head.") or (
+                    self.score is None and name.startswith("score.")
+                ):
                     continue
                 yield name, tensor
 

@@ -44,9 +44,7 @@ def _post(
 def add_pooling_routes(app: FastAPI, pooling: OpenAIServingPooling) -> None:
     """The pooling endpoints (a generation model answers them with a 400)."""
     _post(app, ["/v1/embeddings"], EmbeddingRequest, EmbeddingResponse, pooling.create_embedding)
-    _post(
-        app, ["/pooling", "/v1/pooling"], PoolingRequest, PoolingResponse, pooling.create_pooling
-    )
+    _post(app, ["/pooling", "/v1/pooling"], PoolingRequest, PoolingResponse, pooling.create_pooling)
     _post(
         app,
         ["/classify", "/v1/classify"],

@@ -73,7 +73,9 @@ class OpenAIServingPooling(OpenAIServing):
 
     async def create_classify(self, request: ClassificationRequest) -> ClassificationResponse:
         model = self.check_model(request.model)
-        params = PoolingParams(request.truncate_prompt_tokens, use_activation=request.use_activation)
+        params = PoolingParams(
+            request.truncate_prompt_tokens, use_activation=request.use_activation
+        )
         outs = await self._run(await self._token_ids(request.input), params, "classify")
         labels = getattr(self.engine.model_config.hf_config, "id2label", None) or {}
         data = []
@@ -81,7 +83,9 @@ class OpenAIServingPooling(OpenAIServing):
             probs = out.outputs.data.tolist()
             best = max(range(len(probs)), key=probs.__getitem__)
             label = labels.get(best, labels.get(str(best)))
-            data.append(ClassificationData(index=i, label=label, probs=probs, num_classes=len(probs)))
+            data.append(
+                ClassificationData(index=i, label=label, probs=probs, num_classes=len(probs))
+            )
         return ClassificationResponse(model=model, data=data, usage=_usage(outs))
 
     async def create_score(self, request: ScoreRequest) -> ScoreResponse:
@@ -117,13 +121,17 @@ class OpenAIServingPooling(OpenAIServing):
         if isinstance(inputs, str):
             inputs = [inputs]
         if not inputs:
-            raise OpenAIServingError("input is an empty list; give at least one input", param="input")
+            raise OpenAIServingError(
+                "input is an empty list; give at least one input", param="input"
+            )
         if all(isinstance(t, int) for t in inputs):
             return [list(inputs)]  # type: ignore[arg-type]
         for i, item in enumerate(inputs):
             if not item:
                 what = "an empty string" if isinstance(item, str) else "an empty token list"
-                raise OpenAIServingError(f"input[{i}] is {what}; every input needs text", param="input")
+                raise OpenAIServingError(
+                    f"input[{i}] is {what}; every input needs text", param="input"
+                )
         if all(isinstance(t, str) for t in inputs):
             return await self.encode(list(inputs))  # type: ignore[arg-type]
         return [list(t) for t in inputs]  # type: ignore[arg-type]

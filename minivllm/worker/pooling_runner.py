@@ -5,8 +5,8 @@ last prompt token has been computed the runner pools the rows it kept, runs the
 model's ``pooling_head`` on them and returns the result in
 `ModelRunnerOutput.pooler_output`; the scheduler then finishes the request and
 frees its blocks at once.  Nothing is sampled.  A chunked prompt keeps the rows its
-pooling type needs between steps (MEAN and ALL: every row; CLS: the first; LAST:
-none until the last chunk).
+pooling type needs between steps (MEAN: the chunk's row sum; ALL: every row;
+CLS: the first; LAST: none until the last chunk).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minivllm.model_executor.layers.pooler import pool, rows_to_keep
+from minivllm.model_executor.layers.pooler import chunk_rows, pool
 
 if TYPE_CHECKING:
     from minivllm.worker.input_batch import CachedRequestState, StepInputs
@@ -47,15 +47,16 @@ class PoolingRunner:
             state = states[req_id]
             start = state.num_computed_tokens
             last_chunk = start + n >= len(state.prompt_token_ids)
-            keep = rows_to_keep(self.pooling_type, start, n, last_chunk)
-            rows = hidden[offset : offset + n][keep]
+            rows = chunk_rows(self.pooling_type, hidden[offset : offset + n], start, last_chunk)
             offset += n
-            if rows.shape[0]:
-                self.partial.setdefault(req_id, []).append(rows)
-            if last_chunk:
-                kept = self.partial.pop(req_id)
-                finished.append(req_id)
-                pooled.append(pool(self.pooling_type, torch.cat(kept)))
+            if not last_chunk:
+                if rows.shape[0]:
+                    self.partial.setdefault(req_id, []).append(rows)
+                continue
+            earlier = self.partial.pop(req_id, [])
+            kept = torch.cat([*earlier, rows]) if earlier else rows
+            finished.append(req_id)
+            pooled.append(pool(self.pooling_type, kept, len(state.prompt_token_ids)))
         if not finished:
             return {}
         if self.pooling_type == "ALL":

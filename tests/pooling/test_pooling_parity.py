@@ -78,6 +78,22 @@ def test_bert_matches_sentence_transformers(bert_dir: Path, tmp_path: Path, mode
     _check_embeddings(llm, reference)
 
 
+def test_bert_many_prompts_in_padded_groups(bert_dir: Path, tmp_path: Path) -> None:
+    """More prompts than one attention group (16) of many lengths, against
+    sentence-transformers."""
+    import random
+
+    from tests.pooling.pooling_helpers import WORDS
+
+    rng = random.Random(0)
+    texts = [" ".join(rng.choices(WORDS, k=rng.randint(1, 40))) for _ in range(40)]
+    st = _sentence_transformer(bert_dir, tmp_path / "st", "mean")
+    reference = st.encode(texts, convert_to_tensor=True)
+    llm = LLM(str(tmp_path / "st"), **ENGINE)
+    got = torch.tensor([o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)])
+    assert F.cosine_similarity(got, reference.float()).min().item() > 1 - COS_TOL
+
+
 def test_matryoshka_dimensions_truncate_then_normalize(bert_dir: Path) -> None:
     from transformers import AutoModel, AutoTokenizer
 

@@ -19,26 +19,27 @@ if TYPE_CHECKING:
     from minivllm.pooling_params import PoolingParams
 
 
-def pool(pooling_type: str, rows: torch.Tensor) -> torch.Tensor:
-    """Pool the hidden states ``rows`` [n, H] of one whole prompt (float32)."""
-    rows = rows.float()
-    if pooling_type == "LAST":
-        return rows[-1]
-    if pooling_type == "CLS":
-        return rows[0]
+def chunk_rows(pooling_type: str, rows: torch.Tensor, start: int, last_chunk: bool) -> torch.Tensor:
+    """What a prompt chunk of hidden ``rows`` [n, H] starting at token ``start`` keeps
+    for `pool` (float32): MEAN its row sum [1, H], ALL every row, CLS its first row
+    when it starts the prompt, LAST its last row when it ends it; else no row."""
     if pooling_type == "MEAN":
-        return rows.mean(dim=0)
-    assert pooling_type == "ALL", pooling_type
-    return rows
-
-
-def rows_to_keep(pooling_type: str, start: int, num_rows: int, last_chunk: bool) -> slice:
-    """Which rows of a prompt chunk starting at token ``start`` the pooler needs."""
-    if pooling_type in ("MEAN", "ALL"):
-        return slice(0, num_rows)
+        return rows.float().sum(dim=0, keepdim=True)
+    if pooling_type == "ALL":
+        return rows.float()
     if pooling_type == "CLS":
-        return slice(0, 1 if start == 0 else 0)
-    return slice(num_rows - 1, num_rows) if last_chunk else slice(0, 0)
+        return rows[:1].float() if start == 0 else rows[:0]
+    return rows[-1:].float() if last_chunk else rows[:0]
+
+
+def pool(pooling_type: str, kept: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Pool a whole prompt of ``num_tokens`` tokens from what its chunks kept
+    (`chunk_rows`, concatenated)."""
+    if pooling_type == "MEAN":
+        return kept.sum(dim=0) / num_tokens
+    if pooling_type == "ALL":
+        return kept
+    return kept[0]
 
 
 def finish_pooled(

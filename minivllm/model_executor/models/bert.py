@@ -76,7 +76,7 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size] * 3, dim=-1)
-        return self.attn(q.contiguous(), k.contiguous(), v.contiguous())
+        return self.attn(q, k, v)
 
 
 class BertAttention(nn.Module):

@@ -83,7 +83,9 @@ def plan_groups(starts: list[int], device: torch.device) -> list[PaddedGroup]:
     return groups
 
 
-def _groups_of(attn_metadata: AttentionMetadata | None, t: int, device: torch.device):
+def _groups_of(
+    attn_metadata: AttentionMetadata | None, t: int, device: torch.device
+) -> list[PaddedGroup]:
     if attn_metadata is None:  # start-up runs: the batch is one prompt
         return plan_groups([0, t], device)
     groups = attn_metadata.backend_plan.get(ENCODER_ONLY)
@@ -104,18 +106,19 @@ def encoder_only_attention(
     """Fill ``out`` [T, nh, hd] with attention within each prompt of the flat batch."""
     gqa = key.shape[1] != query.shape[1]
     for group in _groups_of(attn_metadata, query.shape[0], query.device):
-        b, n = group.num_prompts, group.max_len
-
-        def padded(x: torch.Tensor) -> torch.Tensor:
-            return x.index_select(0, group.rows).view(b, n, x.shape[1], x.shape[2]).transpose(1, 2)
-
         res = F.scaled_dot_product_attention(
-            padded(query),
-            padded(key),
-            padded(value),
+            _padded(query, group),
+            _padded(key, group),
+            _padded(value, group),
             attn_mask=group.key_mask,
             scale=scale,
             enable_gqa=gqa,
         )
-        flat = res.transpose(1, 2).reshape(b * n, *out.shape[1:])
+        flat = res.transpose(1, 2).reshape(group.num_prompts * group.max_len, *out.shape[1:])
         out.index_copy_(0, group.token_rows, flat.index_select(0, group.token_slots))
+
+
+def _padded(x: torch.Tensor, group: PaddedGroup) -> torch.Tensor:
+    """Rows [T, heads, hd] -> the group's padded [num_prompts, heads, max_len, hd]."""
+    rows = x.index_select(0, group.rows)
+    return rows.view(group.num_prompts, group.max_len, *x.shape[1:]).transpose(1, 2)

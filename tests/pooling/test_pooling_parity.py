@@ -125,6 +125,19 @@ def test_decoder_embedder_matches_sentence_transformers(
     _check_embeddings(llm, reference)
 
 
+def test_prefix_cache_hit_gives_the_same_last_token_embedding(tmp_path: Path) -> None:
+    """Causal LAST pooling keeps prefix caching on: a repeated prompt reuses its
+    blocks and only its last token is recomputed, to the same embedding."""
+    save_decoder(tmp_path)
+    llm = LLM(str(tmp_path), **ENGINE)
+    assert llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+    long_text = " ".join([TEXTS[2]] * 3)  # 39 tokens: two full blocks of 16
+    first = llm.encode(long_text, pooling_task="embed", use_tqdm=False)[0]
+    again = llm.encode(long_text, pooling_task="embed", use_tqdm=False)[0]
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == 32
+    torch.testing.assert_close(again.outputs.data, first.outputs.data, atol=1e-5, rtol=1e-5)
+
+
 def test_causal_mean_pooling_over_chunks(tmp_path: Path) -> None:
     """MEAN pooling keeps the rows of every chunk of a chunked prompt."""
     save_decoder(tmp_path / "hf")

@@ -48,8 +48,8 @@ def save_model(path: Path, shape: str, pooling: str) -> None:
     hf_dir = path / "hf"
     hf_dir.mkdir(parents=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(NUM_WORDS))]
-    (hf_dir / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    transformers.BertTokenizerFast(vocab_file=str(hf_dir / "vocab.txt")).save_pretrained(hf_dir)
+    tokenizer = transformers.BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)})
+    tokenizer.save_pretrained(hf_dir)
     torch.manual_seed(0)
     config = transformers.BertConfig(
         **SHAPES[shape], vocab_size=len(vocab), max_position_embeddings=512

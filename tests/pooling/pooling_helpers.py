@@ -38,8 +38,7 @@ def save_bert_tokenizer(path: Path) -> Any:
     """A WordPiece BERT tokenizer over `WORDS` ([CLS] ... [SEP], pairs with token types)."""
     path.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tok = transformers.BertTokenizerFast(vocab_file=str(path / "vocab.txt"))
+    tok = transformers.BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)})
     tok.save_pretrained(path)
     return tok
 

@@ -162,3 +162,22 @@ def test_a_generation_model_refuses_embeddings_naming_the_runner(server: RemoteS
     )
     assert response.status_code == 400
     assert "--runner pooling" in response.json()["error"]["message"]
+
+
+def test_bench_serve_embeddings_mode(
+    servers: dict[str, RemoteServer], model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+
+    from minivllm.entrypoints.cli.main import main
+
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--base-url", servers["bert"].url, "--disable-tqdm"]
+    argv += ["--endpoint", "/v1/embeddings", "--tokenizer", str(model_dirs["bert"])]
+    argv += ["--num-prompts", "6", "--input-len", "16", "--output-json", str(out)]
+    assert main(argv) == 0
+    r = json.loads(out.read_text())
+    assert (r["completed"], r["failed"]) == (6, 0)
+    # The server's usage counts the prompts; nothing is generated.
+    assert r["total_input_tokens"] == 6 * 16 and r["total_output_tokens"] == 0
+    assert r["request_throughput"] > 0 and r["total_token_throughput"] > 0

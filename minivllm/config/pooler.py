@@ -64,12 +64,11 @@ class PoolerConfig:
     logit_bias: float | None = None
     """Subtracted from classification logits before the activation."""
     enable_chunked_processing: bool = False
-    """Accept embedding inputs longer than ``max_model_len``: they are split into
-    chunks of at most ``max_model_len`` tokens, each pooled alone, and the chunk
-    outputs averaged weighted by their token counts (MEAN pooling only)."""
+    """vLLM: accept embedding inputs longer than ``max_model_len`` (split into
+    chunks, pooled alone, averaged). Not supported by minivllm yet: must be False."""
     max_embed_len: int | None = None
-    """Longest embedding input accepted with ``enable_chunked_processing`` (None:
-    no limit beyond it); a longer input is an error."""
+    """vLLM: the longest input ``enable_chunked_processing`` accepts. Not supported
+    by minivllm yet: must be None."""
     step_tag_id: int | None = None
     """STEP pooling's tag token (process reward models). Not supported."""
     returned_token_ids: list[int] | None = None
@@ -89,16 +88,13 @@ class PoolerConfig:
             )
         if self.dimensions is not None and self.dimensions < 1:
             raise ValueError(f"pooler_config.dimensions must be >= 1, got {self.dimensions}")
-        if self.max_embed_len is not None:
-            if self.max_embed_len < 1:
-                raise ValueError(
-                    f"pooler_config.max_embed_len must be >= 1, got {self.max_embed_len}"
-                )
-            if not self.enable_chunked_processing:
-                raise ValueError(
-                    "pooler_config.max_embed_len only applies with "
-                    "enable_chunked_processing=true; set both"
-                )
+        if self.enable_chunked_processing or self.max_embed_len is not None:
+            raise ValueError(
+                "pooler_config: enable_chunked_processing / max_embed_len (embedding inputs "
+                "longer than max_model_len, split and averaged) are not supported by minivllm "
+                "yet; such inputs are refused, or cut to their last tokens with the request's "
+                "truncate_prompt_tokens"
+            )
 
     def compute_hash(self) -> str:
         """The pooler runs after the compiled model: nothing here shapes the graph."""
@@ -173,12 +169,6 @@ def resolve_pooler_config(
         raise ValueError(
             f"pooler_config.dimensions={pooler.dimensions} is larger than the model's "
             f"hidden size {hidden_size}; use at most {hidden_size}"
-        )
-    if pooler.enable_chunked_processing and pooler.pooling_type != "MEAN":
-        raise ValueError(
-            "pooler_config.enable_chunked_processing averages the chunks' outputs, which "
-            f"is only exact for MEAN pooling (this model pools {pooler.pooling_type}); set "
-            'pooling_type "MEAN" or drop enable_chunked_processing'
         )
     return pooler
 

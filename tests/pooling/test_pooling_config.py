@@ -64,7 +64,8 @@ def test_runner_and_convert_from_the_architecture(
         ("bert", {"pooler_config": {"step_tag_id": 3}}, "process reward"),
         ("bert", {"pooler_config": {"pooling_type": "MAX"}}, "pooling_type"),
         ("bert", {"pooler_config": {"dimensions": 65}}, "hidden size 64"),
-        ("bert", {"pooler_config": {"max_embed_len": 9}}, "enable_chunked_processing"),
+        ("bert", {"pooler_config": {"max_embed_len": 9}}, "not supported by minivllm yet"),
+        ("bert", {"pooler_config": {"enable_chunked_processing": True}}, "truncate_prompt"),
         ("bert", {"enable_prefix_caching": True}, "prefix caching"),
         (
             "qwen3",

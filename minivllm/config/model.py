@@ -670,7 +670,9 @@ class ModelConfig:
         return params
 
     def compute_hash(self) -> str:
-        """Hash of what shapes the compiled model: every field but the ignored ones."""
+        """Hash of what shapes the compiled model: every field but the ignored ones
+        (the resolved ``runner_type`` / ``convert_type`` count: a pooling model has
+        no LM head)."""
         ignored = {
             "runner",
             "convert",
@@ -692,8 +694,6 @@ class ModelConfig:
             "model_arch_config",
             "multimodal_config",
             "pooler_config",
-            "runner_type",
-            "convert_type",
             "is_submodel_config",
             "config_updated",
             "model_weights",

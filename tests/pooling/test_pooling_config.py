@@ -80,8 +80,11 @@ def test_refusals_say_why(models: dict[str, str], name: str, kwargs: dict, match
         EngineArgs(model=models[name], **kwargs).create_engine_config()
 
 
-def test_pooler_config_hash_ignores_pooling_options() -> None:
+def test_compile_hashes(models: dict[str, str]) -> None:
+    # The pooler runs after the compiled model; the runner changes the model (no LM head).
     assert PoolerConfig().compute_hash() == PoolerConfig(normalize=False).compute_hash()
+    generate = ModelConfig(model=models["llama"]).compute_hash()
+    assert ModelConfig(model=models["llama"], runner="pooling").compute_hash() != generate
 
 
 def test_gguf_pooling_metadata_makes_an_embedding_model(tmp_path: Path) -> None:

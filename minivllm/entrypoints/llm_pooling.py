@@ -93,6 +93,21 @@ class PoolingMixin:
         outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="classify")
         return [ClassificationRequestOutput.from_base(o) for o in outs]
 
+    def reward(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """A classifier's output for every token (``.outputs.data``: [tokens, labels]),
+        as reward models give; needs ``pooler_config={"pooling_type": "ALL"}``."""
+        if self.llm_engine.vllm_config.model_config.pooler_config.pooling_type != "ALL":
+            raise ValueError(
+                'reward scores every token: start the model with pooler_config={"pooling_type": '
+                '"ALL"} (--pooler-config \'{"pooling_type": "ALL"}\')'
+            )
+        return self.encode(prompts, pooling_params, use_tqdm, pooling_task="classify")
+
     def score(
         self,
         data_1: str | Sequence[str],

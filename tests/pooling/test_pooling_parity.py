@@ -176,6 +176,19 @@ def test_classifier_matches_transformers(classifier: tuple[Path, torch.nn.Module
     )  # fmt: skip
 
 
+def test_reward_scores_every_token(classifier: tuple[Path, torch.nn.Module]) -> None:
+    path, hf = classifier
+    llm = LLM(str(path), pooler_config={"pooling_type": "ALL"}, **ENGINE)
+    ids = llm.get_tokenizer()(TEXTS[2])["input_ids"]
+    with torch.no_grad():
+        hidden = hf.model(torch.tensor([ids])).last_hidden_state[0]
+        expected = hf.score(hidden).softmax(-1)
+    out = llm.reward({"prompt_token_ids": ids}, use_tqdm=False)[0]
+    torch.testing.assert_close(out.outputs.data, expected, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="pooling_type"):
+        LLM(str(path), **ENGINE).reward(TEXTS[0])
+
+
 def test_cross_encoder_scores_and_ranking(tmp_path: Path) -> None:
     hf = save_decoder(tmp_path, "LlamaForSequenceClassification", "LlamaConfig", num_labels=1)
     llm = LLM(str(tmp_path), **ENGINE)

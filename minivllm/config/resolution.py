@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from minivllm.config import vllm_rules as rules
 from minivllm.config.compilation.modes import CompilationMode
 from minivllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG
+from minivllm.config.pooler import apply_pooling_rules
 from minivllm.config.provenance import Provenance, Source, flatten
 from minivllm.config.reasoning import resolve_reasoning
 from minivllm.logger import init_logger
@@ -70,6 +71,9 @@ def _resolve_model(cfg: VllmConfig, prov: Provenance) -> None:
         cfg.try_verify_and_update_config()
     _verify_with_model(cfg, prov)
     _gguf_with_parallelism(cfg, prov)
+    with _step(prov, "rule", "pooling_model", "pooling models: prompts whole, prefix cache"):
+        by_user = prov.origin_of("cache_config.enable_prefix_caching").source == "user"
+        apply_pooling_rules(cfg, by_user)
     if cfg.quant_config is None and cfg.model_config is not None:
         with _step(prov, "rule", "quant_config", "derived from model_config.quantization"):
             cfg.quant_config = cfg._get_quantization_config(cfg.model_config, cfg.load_config)

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from minivllm.engine.input_processor import PromptInput, ValidatedRequest
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.logger import init_logger
-from minivllm.outputs import RequestOutput
+from minivllm.outputs import PoolingRequestOutput, RequestOutput
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import NO_ALLOWED_TOKEN_ERROR, RequestOutputKind, SamplingParams
 from minivllm.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from minivllm.structured_output.spec import GRAMMAR_ERROR_PREFIX
@@ -179,6 +180,13 @@ class AsyncLLM:
         """Validate a token-id request before it is sent (pure, thread-safe): the
         engine's ValueError for a request it could never finish."""
         return self.engine.process_inputs(prompt, params, priority)
+
+    def process_pooling(
+        self, prompt: PromptInput, params: PoolingParams, task: str
+    ) -> ValidatedRequest:
+        """Validate a pooling request (pure, thread-safe); `generate` then runs it and
+        yields its one `PoolingRequestOutput`."""
+        return self.engine.input_processor.process_pooling(prompt, params, task)
 
     # -- requests -------------------------------------------------------------
     async def generate(
@@ -368,7 +376,9 @@ class AsyncLLM:
             if stream.scheduled is None and self.engine.has_started(rid):
                 stream.scheduled = self._step_start
 
-    def _deliver(self, outputs: list[RequestOutput], stats: IterationStats) -> None:
+    def _deliver(
+        self, outputs: list[RequestOutput | PoolingRequestOutput], stats: IterationStats
+    ) -> None:
         now = time.monotonic()
         batches: dict[
             asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput | BaseException]]
@@ -381,7 +391,7 @@ class AsyncLLM:
             if output.finished:
                 del self._streams[output.request_id]
             item: RequestOutput | BaseException = output
-            if output.finished and output.error is not None:
+            if output.finished and getattr(output, "error", None) is not None:
                 # Only this request's own inputs failed; the batch carried on without it.
                 error = (
                     RequestConstraintError
@@ -398,6 +408,11 @@ class AsyncLLM:
         self, stream: _Stream, output: RequestOutput, now: float, stats: IterationStats
     ) -> None:
         """Update per-completion timings and this step's token counts and latencies."""
+        if isinstance(output, PoolingRequestOutput):  # its prompt ran; nothing generated
+            stats.num_prompt_tokens += stream.num_prompt_tokens
+            stream.timings[0] = _Timing(stream.arrival, now, now)
+            self._finish(stream, output, now, stats)
+            return
         for completion in output.outputs:
             timing = stream.timings.get(completion.index)
             if timing is None:
@@ -426,7 +441,10 @@ class AsyncLLM:
         timings = list(stream.timings.values())
         firsts = [t.first_token for t in timings if t.first_token is not None]
         lasts = [t.last_token for t in timings if t.last_token is not None]
-        reasons = [c.finish_reason for c in output.outputs if c.finish_reason is not None]
+        completions = output.outputs if isinstance(output, RequestOutput) else []
+        reasons = [c.finish_reason for c in completions if c.finish_reason is not None]
+        if isinstance(output, PoolingRequestOutput):
+            reasons = ["stop"]
         reason = "abort" if "abort" in reasons else (reasons[0] if reasons else "abort")
         scheduled = stream.scheduled
         if scheduled is None and firsts:  # prefilled and finished within one step

@@ -24,7 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from minivllm.engine.pooling import check_pooling_request
 from minivllm.engine.reasoning import check_thinking_budget
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.manager import StructuredOutputManager
 
@@ -49,6 +51,8 @@ class ValidatedRequest:
     priority: int = 0
     grammar: CompiledGrammar | None = None
     """The compiled grammar of a structured-output request (compiled here, once)."""
+    pooling_params: PoolingParams | None = None
+    """A pooling request's parameters (``params`` then only carries the prompt)."""
 
 
 class InputProcessor:
@@ -88,6 +92,23 @@ class InputProcessor:
                 {"eos_token_id": self.model_eos_token_ids}, self.eos_token_id
             )
         return ValidatedRequest(text, token_ids, params, priority, grammar)
+
+    def process_pooling(
+        self, prompt: PromptInput, pooling_params: PoolingParams, task: str
+    ) -> ValidatedRequest:
+        """A pooling request (`check_pooling_request`); ValueError naming the problem."""
+        text, token_ids = self.tokenize(prompt)
+        if text == "":
+            # A tokenizer's special tokens alone ([CLS] [SEP]) would embed nothing.
+            raise ValueError("the input is empty; give a non-empty string")
+        params = pooling_params.clone()
+        token_ids = check_pooling_request(
+            self.vllm_config.model_config, token_ids, params, task, self.vocab_size
+        )
+        self.scheduler.check_request(len(token_ids))
+        return ValidatedRequest(
+            text, token_ids, SamplingParams(max_tokens=1, detokenize=False), 0, None, params
+        )
 
     def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         """``(prompt text or None, prompt token ids)`` for any accepted prompt form."""

@@ -73,7 +73,9 @@ class LLMEngine:
         )
         """Sends the KV cache events of each step (`KVEventsConfig`)."""
         self.output_processor = OutputProcessor(
-            self.tokenizer, vllm_config.observability_config.per_request_spec_decode_metrics
+            self.tokenizer,
+            vllm_config.observability_config.per_request_spec_decode_metrics,
+            vllm_config.model_config,
         )
         self.input_processor = InputProcessor(vllm_config, self.tokenizer, self.scheduler)
         self.eos_token_id = self.input_processor.eos_token_id
@@ -143,7 +145,9 @@ class LLMEngine:
                 child_params.n = 1
                 if params.seed is not None:
                     child_params.seed = params.seed + index
-            self.output_processor.add_request(parent, child_id, index, child_params)
+            self.output_processor.add_request(
+                parent, child_id, index, child_params, validated.pooling_params
+            )
             request = Request(
                 child_id,
                 validated.prompt_token_ids,

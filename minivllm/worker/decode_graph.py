@@ -85,6 +85,8 @@ def decode_graph_wanted(vllm_config: VllmConfig, attn_layers: dict[str, Any]) ->
     if not attn_layers:
         return "no attention layers"
     model_config = vllm_config.model_config
+    if model_config.runner_type == "pooling":
+        return "a pooling model (its requests never decode)"
     if is_fp8(resolve_kv_cache_dtype(vllm_config.cache_config.cache_dtype, model_config.dtype)):
         return "fp8 KV cache (the graph's KV write stores values as they are)"
     for layer in attn_layers.values():

@@ -46,6 +46,7 @@ from minivllm.structured_output.bitmask import GrammarBitmask
 from minivllm.structured_output.reasoning_gate import reasoning_markers
 from minivllm.worker.forward_runner import ForwardRunner
 from minivllm.worker.input_batch import CachedRequestState, StepInputs, build_step_inputs
+from minivllm.worker.pooling_runner import PoolingRunner
 from minivllm.worker.spec_decode import SpecDecoder
 
 if TYPE_CHECKING:
@@ -87,6 +88,8 @@ class ModelRunner:
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         self.is_output_rank = world.rank_in_group == output_rank(world.world_size, tp_size)
         """Whether this rank samples (and its output is the step's result)."""
+        self.pooling: PoolingRunner | None = None
+        """Pooling models (``runner="pooling"``): pools instead of sampling."""
 
     # -- set-up -------------------------------------------------------------
     def load_model(self) -> None:
@@ -104,7 +107,12 @@ class ModelRunner:
                 load_format=load_format,
                 device=self.device,
                 quantization=model_config.quantization,
+                pooling_task=model_config.convert_type
+                if model_config.runner_type == "pooling"
+                else None,
             )
+        if model_config.pooler_config is not None:
+            self.pooling = PoolingRunner(self.model, model_config.pooler_config.pooling_type)
         # Warn about custom_ops entries that named no op of this model.
         self.vllm_config.compilation_config.custom_op_log_check(op_registry)
         self.model.eval()
@@ -181,6 +189,8 @@ class ModelRunner:
         failed: dict[str, str] = {}
         for req_id in scheduler_output.finished_req_ids:
             self.states.pop(req_id, None)
+            if self.pooling is not None:
+                self.pooling.forget(req_id)
             if self.spec is not None:
                 self.spec.forget(req_id)
         for new in scheduler_output.scheduled_new_reqs:
@@ -232,6 +242,13 @@ class ModelRunner:
             self.num_kv_groups,
         )
         hidden = self.forward_runner.run(inputs.input_ids, inputs.positions, inputs.attn_metadata)
+        if self.pooling is not None:
+            return ModelRunnerOutput(
+                req_ids=req_ids,
+                sampled_token_ids=[[] for _ in req_ids],
+                pooler_output=self.pooling.pool_step(hidden, inputs, self.states),
+                failed_req_ids=failed,
+            )
         # Only the last pipeline stage holds the final hidden states.
         last_stage = get_pp_group().is_last_rank
         prompt_logprobs = self._prompt_logprobs(hidden, inputs) if last_stage else {}

@@ -187,8 +187,7 @@ def test_hub_names_are_refused() -> None:
     "kwargs",
     [
         {"revision": "main"},
-        {"runner": "pooling"},
-        {"convert": "embed"},
+        {"runner": "draft"},
         {"model_impl": "transformers"},
         {"enable_sleep_mode": True},
         {"enable_prompt_embeds": True},

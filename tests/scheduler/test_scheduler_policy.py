@@ -104,7 +104,7 @@ def test_add_request_asserts_what_the_engine_validated() -> None:
     # only asserts, so an unvalidated bad request is a bug that shows at once.
     sched = make_scheduler(max_model_len=32)
     with pytest.raises(AssertionError, match="not validated"):
-        sched.add_request(make_request("a", 32))
+        sched.add_request(make_request("a", 33))
     sched.add_request(make_request("b", 8, max_tokens=None))
     assert sched.requests["b"].max_tokens == 24  # None means up to max_model_len
     with pytest.raises(AssertionError, match="already in use"):

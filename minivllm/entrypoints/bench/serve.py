@@ -6,6 +6,11 @@ as a Poisson process (gamma with ``--burstiness`` != 1), at most
 ``--max-concurrency`` in flight.  Token counts come from the server's usage chunk;
 a server that sends none is counted with the tokenizer.  Any server speaking the
 OpenAI API works: minivllm's own, vLLM, or another.
+
+Embeddings mode (``--endpoint /v1/embeddings``, a server run with ``--runner
+pooling``): each request embeds its prompt (one non-streamed answer, so its time to
+first token is its latency and it generates nothing); the figures that matter are
+requests/s and input tokens/s ("Total token throughput").
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 """The endpoints ``--endpoint`` may name."""
 DEFAULT_TIMEOUT_S = 6 * 60 * 60
 """Per-request timeout (vLLM's: six hours, so that long runs never time out spuriously)."""
@@ -131,7 +136,9 @@ def arrival_offsets(
 def build_payload(
     endpoint: str, model: str, sample: SampleRequest, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """The JSON body of one streaming request."""
+    """The JSON body of one streaming request (one embeddings request)."""
+    if endpoint == "/v1/embeddings":
+        return {"model": model, "input": sample.prompt, "encoding_format": "base64"}
     payload: dict[str, Any] = {
         "model": model,
         "stream": True,
@@ -213,6 +220,34 @@ async def send_request(
         else:
             result.output_tokens = count_tokens(result.generated_text)
         if usage and usage.get("prompt_tokens") is not None:
+            result.prompt_len = int(usage["prompt_tokens"])
+        result.success = True
+    except Exception as exc:  # a benchmark records failures instead of stopping
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+async def send_embedding_request(
+    client: Any,
+    url: str,
+    payload: dict[str, Any],
+    headers: dict[str, str],
+    sample: SampleRequest,
+    bench_start: float,
+) -> RequestResult:
+    """One embeddings request (not streamed); never raises."""
+    result = RequestResult(prompt_len=sample.prompt_len)
+    sent = time.perf_counter()
+    result.start_time = sent - bench_start
+    try:
+        response = await client.post(url, json=payload, headers=headers)
+        if response.status_code != 200:
+            result.error = f"HTTP {response.status_code}: {response.text[:500]}"
+            return result
+        usage = response.json().get("usage") or {}
+        result.latency = result.ttft = time.perf_counter() - sent
+        result.chunk_times.append(result.latency + result.start_time)
+        if usage.get("prompt_tokens") is not None:
             result.prompt_len = int(usage["prompt_tokens"])
         result.success = True
     except Exception as exc:  # a benchmark records failures instead of stopping
@@ -344,6 +379,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
             def make_request(i: int) -> Awaitable[RequestResult]:
                 payload = build_payload(args.endpoint, args.model, samples[i], args)
+                if args.endpoint == "/v1/embeddings":
+                    return send_embedding_request(client, url, payload, headers, samples[i], start)
                 return send_request(client, url, payload, headers, samples[i], start, count_tokens)
 
             results, duration = await run_requests(

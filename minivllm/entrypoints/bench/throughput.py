@@ -46,14 +46,25 @@ def run_to_completion(
     """Submit every prompt at once, step until all finish; (seconds, outputs in order)."""
     from tqdm.auto import tqdm
 
+    from minivllm.pooling_params import PoolingParams
     from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
+    pooling = engine.vllm_config.model_config.runner_type == "pooling"
     ids = [f"{tag}-{i}" for i in range(len(prompt_token_ids))]
     finished: dict[str, Any] = {}
     bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True, disable=not progress)
     start = time.perf_counter()
     try:
         for request_id, tokens, out_len in zip(ids, prompt_token_ids, output_lens, strict=True):
+            if pooling:  # embeddings mode: the prompt is the whole request
+                task = (
+                    "embed"
+                    if engine.vllm_config.model_config.convert_type == "embed"
+                    else "classify"
+                )
+                validated = engine.input_processor.process_pooling(tokens, PoolingParams(), task)
+                engine.add_request(request_id, validated)
+                continue
             params = SamplingParams(
                 temperature=1.0,
                 top_p=1.0,
@@ -78,7 +89,10 @@ def run_to_completion(
 def summarize(requests: list[SampleRequest], outputs: list[Any], elapsed: float) -> dict[str, Any]:
     """The figures of one run."""
     num_input = sum(r.prompt_len for r in requests)
-    num_output = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    # A pooling output (embeddings mode) has no completions.
+    num_output = sum(
+        len(c.token_ids) for o in outputs if isinstance(o.outputs, list) for c in o.outputs
+    )
     return {
         "elapsed_time": elapsed,
         "num_requests": len(requests),

@@ -55,6 +55,7 @@ from minivllm.entrypoints.openai.routes import (
     add_info_routes,
     add_tokenizer_routes,
 )
+from minivllm.entrypoints.openai.routes_pooling import add_pooling_routes
 from minivllm.entrypoints.openai.server_utils import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     APIKeyMiddleware,
@@ -67,6 +68,7 @@ from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_engine import TokenizerPool
 from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
+from minivllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from minivllm.logger import init_logger
 
@@ -134,6 +136,11 @@ def build_app(
     add_tokenizer_routes(app, handlers.tokenization)
     add_responses_routes(app, handlers.responses)
     add_messages_routes(app, handlers.messages)
+    tokenizer, logs = handlers.tokenization.tokenizer, handlers.tokenization
+    pooling = OpenAIServingPooling(
+        engine, models, tokenizer, logs.max_log_len, pool, logs.enable_log_requests
+    )
+    add_pooling_routes(app, pooling)
     return app
 
 

@@ -14,7 +14,10 @@ from minivllm.distributed import get_tp_group, get_world_group
 from minivllm.model_executor.layers.tensor_parallel import shard_model
 from minivllm.model_executor.loader.gguf import gguf_weights_iterator, is_gguf_file
 from minivllm.model_executor.loader.safetensors import has_hf_weights, hf_weights_iterator
-from minivllm.model_executor.models.registry import get_model_class_for_config
+from minivllm.model_executor.models.registry import (
+    get_model_class_for_config,
+    get_pooling_model_class,
+)
 
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "pt", "dummy")
 """Accepted ``load_format`` values."""
@@ -75,6 +78,7 @@ def load_model(
     device: torch.device | str = "cpu",
     use_cache: bool = True,
     quantization: str | None = None,
+    pooling_task: str | None = None,
 ) -> nn.Module:
     """Construct the model for ``hf_config`` on ``device`` and load its weights.
 
@@ -83,10 +87,15 @@ def load_model(
     ``quantization`` (`ModelConfig.quantization`): "gguf" keeps GGUF matrices
     quantized (each layer's ``process_weights_after_loading`` then stores its
     low-bit form); "int8_per_channel" quantizes the loaded float weights to int8.
+    ``pooling_task`` ("embed" / "classify", `ModelConfig.convert_type`) builds the
+    pooling form of the model (no LM head) for the pooling runner.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
-    model_cls = get_model_class_for_config(hf_config)
+    if pooling_task is None:
+        model_cls = get_model_class_for_config(hf_config)
+    else:
+        model_cls = get_pooling_model_class(hf_config, pooling_task)
     if get_world_group().world_size > 1 and not getattr(model_cls, "supports_parallel", False):
         raise ValueError(
             f"{model_cls.__name__} does not run with tensor or pipeline parallelism in "

@@ -16,6 +16,14 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
+    "BertModel": ("bert", "BertModel"),
+}
+
+# Pooling architectures run as their family's decoder plus a pooler (`adapters`).
+_POOLING_BASES: dict[str, str] = {
+    f"{family}{kind}": f"{family}ForCausalLM"
+    for family in ("Llama", "Qwen2", "Qwen3")
+    for kind in ("Model", "ForSequenceClassification")
 }
 
 # GGUF-derived configs often carry only a model_type, no architectures list.
@@ -31,6 +39,19 @@ _MODEL_TYPES: dict[str, str] = {
 def supported_architectures() -> list[str]:
     """Architecture names `get_model_class` accepts."""
     return sorted(_MODELS)
+
+
+def get_pooling_model_class(hf_config: Any, task: str) -> type[nn.Module]:
+    """The pooling model for a config and a task ("embed" / "classify"): a native
+    encoder (BERT) or a decoder family wrapped by `adapters.as_pooling_model`."""
+    from minivllm.model_executor.models.adapters import as_pooling_model
+
+    arch = resolve_architecture(hf_config)
+    if arch == "BertModel":
+        if task != "embed":
+            raise ValueError("BertModel has no classification head; use convert='embed'")
+        return get_model_class(arch)
+    return as_pooling_model(get_model_class(_POOLING_BASES.get(arch, arch)), task)
 
 
 def get_model_class(architecture: str) -> type[nn.Module]:
@@ -50,7 +71,7 @@ def resolve_architecture(hf_config: Any) -> str:
     # getattr: transformers configs built from a bare model_type have no architectures.
     archs = list(getattr(hf_config, "architectures", None) or [])
     for arch in archs:
-        if arch in _MODELS:
+        if arch in _MODELS or arch in _POOLING_BASES:
             return arch
     model_type = getattr(hf_config, "model_type", None)
     if not archs and model_type in _MODEL_TYPES:

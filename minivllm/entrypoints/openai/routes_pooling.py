@@ -21,7 +21,7 @@ from minivllm.entrypoints.openai.protocol_pooling import (
     ScoreRequest,
     ScoreResponse,
 )
-from minivllm.entrypoints.openai.routes import _handler
+from minivllm.entrypoints.openai.routes import generation_handler
 from minivllm.entrypoints.openai.server_utils import documented_errors
 from minivllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 
@@ -31,7 +31,7 @@ ERRORS = documented_errors(400, 401, 404, 413)
 def _post(
     app: FastAPI, paths: list[str], body: type, response: type, work: Callable[[Any], Any]
 ) -> None:
-    handle = _handler(work)
+    handle = generation_handler(work)
 
     async def route(request: Any, raw_request: Request) -> Response:
         return await handle(request, raw_request)

@@ -23,6 +23,7 @@ from minivllm.engine.offline_stats import OfflineStatsCollector
 from minivllm.engine.output_processor import OutputProcessor, ParentRequest
 from minivllm.executor.factory import get_executor_class
 from minivllm.logger import init_logger
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
@@ -81,13 +82,17 @@ class LLMEngine:
 
     # -- requests -----------------------------------------------------------
     def process_inputs(
-        self, prompt: PromptInput, params: SamplingParams | None = None, priority: int = 0
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> ValidatedRequest:
         """Tokenize and validate a request (the one validation point; see
         `input_processor`).  Thread-safe for token-id prompts: the server calls it
         before a stream starts, so that a bad request gets a 400 rather than an error
         event after a 200."""
-        return self.input_processor.process(prompt, params, priority)
+        return self.input_processor.process(prompt, params, priority, lora_request)
 
     @property
     def structured_outputs(self) -> StructuredOutputManager:
@@ -101,6 +106,7 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> str:
         """Queue a request (``n`` children when params.n > 1); returns its id.
 
@@ -117,7 +123,7 @@ class LLMEngine:
             assert params is None and priority == 0, "a ValidatedRequest carries its own"
             validated = prompt
         else:
-            validated = self.process_inputs(prompt, params, priority)
+            validated = self.process_inputs(prompt, params, priority, lora_request)
         params = validated.params
         child_ids = (
             [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
@@ -143,6 +149,7 @@ class LLMEngine:
                 eos_token_id=self.eos_token_id,
                 arrival_time=arrival_time,
                 priority=validated.priority,
+                lora_request=validated.lora_request,
             )
             request.grammar = validated.grammar
             self.scheduler.add_request(request)

@@ -296,6 +296,8 @@ class Scheduler:
         opts = self.options
         if request.num_in_flight_batches:
             return False  # preempted while a batch of it ran: resume once that batch is back
+        if not self._lora_fits(request):
+            return False  # max_loras other adapters run: wait until one of them is done
         hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
         num_new = self._cap_long_prefill(request.num_tokens - num_hit)
         if num_new > step.budget:
@@ -333,6 +335,15 @@ class Scheduler:
             request.num_cached_tokens = num_hit
         step.add_new(request, num_new, is_partial, is_long)
         return True
+
+    def _lora_fits(self, request: Request) -> bool:
+        """Whether the running batch has room for the request's adapter (always, for
+        the base model or an adapter already running)."""
+        max_loras = self.options.max_loras
+        if max_loras is None or request.lora_int_id == 0:
+            return True
+        running = {r.lora_int_id for r in self.running} - {0}
+        return request.lora_int_id in running or len(running) < max_loras
 
     def _allocate(
         self, request: Request, num_new: int, hits: KVCacheBlocks | None = None
@@ -420,6 +431,7 @@ class Scheduler:
             num_computed_tokens=request.num_computed_tokens,
             output_token_ids=list(request.output_token_ids),
             grammar=request.grammar,
+            lora_request=request.lora_request,
         )
 
     # -- results ----------------------------------------------------------------

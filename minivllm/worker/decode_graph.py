@@ -84,6 +84,8 @@ def decode_graph_wanted(vllm_config: VllmConfig, attn_layers: dict[str, Any]) ->
         return "tensor/pipeline parallelism (the graph is traced for one process)"
     if not attn_layers:
         return "no attention layers"
+    if vllm_config.lora_config is not None:
+        return "LoRA is enabled (the graph's fused layers have no LoRA delta)"
     model_config = vllm_config.model_config
     if is_fp8(resolve_kv_cache_dtype(vllm_config.cache_config.cache_dtype, model_config.dtype)):
         return "fp8 KV cache (the graph's KV write stores values as they are)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +29,8 @@ class CachedRequestState:
     generator: torch.Generator | None = None
     grammar_matcher: GrammarMatcher | None = None
     """The request's place in its grammar (structured outputs only)."""
+    lora_request: Any = None
+    """The request's LoRA adapter, or None (the base model)."""
 
     @classmethod
     def from_new(cls, data: NewRequestData, device: torch.device) -> CachedRequestState:
@@ -40,6 +43,7 @@ class CachedRequestState:
             output_token_ids=list(data.output_token_ids),
             generator=make_request_generator(data.sampling_params, device),
             grammar_matcher=_start_matcher(data),
+            lora_request=data.lora_request,
         )
 
     def append_block_ids(self, new_ids: list[int], num_groups: int) -> None:

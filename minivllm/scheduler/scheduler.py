@@ -282,13 +282,20 @@ class Scheduler:
     def _schedule_waiting(self, step: StepPlan) -> None:
         """Admit waiting requests in policy order while the step has room."""
         step.count_partial_prefills(self.options.long_prefill_token_threshold)
+        # Requests for an adapter beyond max_loras step aside (in order) for the ones
+        # behind them, and come back to the front of the queue after this step.
+        skipped: list[Request] = []
         while (
             len(self.waiting) > 0
             and step.has_room()
             and len(self.running) < self.options.max_num_seqs
         ):
-            if not self._try_add_waiting(self.waiting.peek(), step):
+            if not self._lora_fits(self.waiting.peek()):
+                skipped.append(self.waiting.pop())
+            elif not self._try_add_waiting(self.waiting.peek(), step):
                 break
+        for request in reversed(skipped):
+            self.waiting.add_preempted(request)
 
     def _try_add_waiting(self, request: Request, step: StepPlan) -> bool:
         """Admit the head of the waiting queue (or finish it when it can never fit).
@@ -296,8 +303,6 @@ class Scheduler:
         opts = self.options
         if request.num_in_flight_batches:
             return False  # preempted while a batch of it ran: resume once that batch is back
-        if not self._lora_fits(request):
-            return False  # max_loras other adapters run: wait until one of them is done
         hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
         num_new = self._cap_long_prefill(request.num_tokens - num_hit)
         if num_new > step.budget:

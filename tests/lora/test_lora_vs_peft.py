@@ -62,14 +62,18 @@ def reference(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], lis
             return_dict_in_generate=True,
         )
     tokens = out.sequences[0, len(prompt) :].tolist()
-    logprobs = [float(s[0].float().log_softmax(-1)[t]) for s, t in zip(out.logits, tokens)]
+    logprobs = [
+        float(s[0].float().log_softmax(-1)[t]) for s, t in zip(out.logits, tokens, strict=True)
+    ]
     return tokens, logprobs
 
 
 def check(output, want: tuple[list[int], list[float]]) -> None:
     completion = output.outputs[0]
     assert completion.token_ids == want[0]
-    got = [entry[t].logprob for entry, t in zip(completion.logprobs, completion.token_ids)]
+    got = [
+        entry[t].logprob for entry, t in zip(completion.logprobs, completion.token_ids, strict=True)
+    ]
     assert got == pytest.approx(want[1], abs=2e-4)
 
 

@@ -94,6 +94,16 @@ class LLMEngine:
         event after a 200."""
         return self.input_processor.process(prompt, params, priority, lora_request)
 
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check an adapter ahead of its requests (vLLM's API); ValueError saying why
+        it cannot be served.  The worker loads it with its first request."""
+        self.input_processor.adapters.check(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget the adapter with this id (its weights age out of the worker's LRU)."""
+        return self.input_processor.adapters.forget(lora_int_id)
+
     @property
     def structured_outputs(self) -> StructuredOutputManager:
         """The grammar compiler and cache (made on first use; needs the tokenizer)."""

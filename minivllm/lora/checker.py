@@ -38,3 +38,10 @@ class AdapterChecker:
             )
             self._checked[lora_request] = known
         return known
+
+    def forget(self, lora_int_id: int) -> bool:
+        """Drop the checks of the adapter with this id; False when none was known."""
+        gone = [r for r in self._checked if r.lora_int_id == lora_int_id]
+        for request in gone:
+            del self._checked[request]
+        return bool(gone)

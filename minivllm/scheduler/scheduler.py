@@ -550,4 +550,16 @@ class Scheduler:
             prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions,
             spec_decoding_stats=self.spec.stats.copy() if self.spec else None,
+            running_lora_adapters=_count_adapters(self.running),
+            waiting_lora_adapters=_count_adapters(self.waiting),
         )
+
+
+def _count_adapters(requests: Iterable[Request]) -> dict[str, int]:
+    """LoRA adapter name -> how many of ``requests`` use it."""
+    counts: dict[str, int] = {}
+    for request in requests:
+        if request.lora_request is not None:
+            name = request.lora_request.lora_name
+            counts[name] = counts.get(name, 0) + 1
+    return counts

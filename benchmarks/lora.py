@@ -22,17 +22,19 @@ Output tok/s per case, and mixed / base (target >= 0.7) and mixed / separate (> 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from minivllm import LLM, SamplingParams
 from minivllm.lora.request import LoRARequest
+
+# The tests' PEFT-format adapter writer (random A and B, no model needed).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from lora_helpers import write_random_adapter  # noqa: E402
 
 TARGETS = [
     (8, ["q_proj", "v_proj"]),
@@ -44,32 +46,6 @@ TARGETS = [
 
 TOPICS = ["the sea", "a city at night", "mountains", "an old library", "the first snow",
           "a train journey", "a garden", "the desert"]  # fmt: skip
-
-
-def write_adapter(path: Path, hf_config: Any, rank: int, modules: list[str], seed: int) -> None:
-    """A PEFT-format adapter with random A and B on every layer of ``hf_config``."""
-    from safetensors.torch import save_file
-
-    hidden, heads = hf_config.hidden_size, hf_config.num_attention_heads
-    head_dim = getattr(hf_config, "head_dim", None) or hidden // heads
-    q, kv = heads * head_dim, hf_config.num_key_value_heads * head_dim
-    inter = hf_config.intermediate_size
-    shapes = {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
-              "o_proj": (q, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
-              "down_proj": (inter, hidden)}  # fmt: skip
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(hf_config.num_hidden_layers):
-        for name in modules:
-            kind = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-            prefix = f"base_model.model.model.layers.{layer}.{kind}.{name}"
-            n_in, n_out = shapes[name]
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, n_in, generator=gen) / n_in**0.5
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(n_out, rank, generator=gen) * 0.02
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": modules}
-    (path / "adapter_config.json").write_text(json.dumps(config))
 
 
 def timed(llm: LLM, prompts: list[str], params: SamplingParams, loras: Any) -> tuple[float, int]:
@@ -97,28 +73,32 @@ def main() -> None:
     adapters = []
     for i in range(args.adapters):
         rank, modules = TARGETS[i % len(TARGETS)]
-        write_adapter(tmp / f"a{i}", hf_config, rank, modules, seed=i)
+        write_random_adapter(tmp / f"a{i}", hf_config, r=rank, target_modules=modules, seed=i)
         adapters.append(LoRARequest(f"a{i}", i + 1, str(tmp / f"a{i}")))
 
     prompts = [f"Write a short poem about {TOPICS[i % len(TOPICS)]}." for i in range(args.requests)]
     loras = [adapters[i % args.adapters] for i in range(args.requests)]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     # Warm-up: kernels built, adapters loaded, compiled shapes seen.
-    timed(lora, prompts, params, loras)
-    timed(base, prompts, params, None)
+    for name, engine, which in (("mixed", lora, loras), ("base", base, None)):
+        seconds, tokens = timed(engine, prompts, params, which)
+        print(f"  warm-up {name}: {tokens / seconds:.1f} tok/s", flush=True)
 
     rates: dict[str, list[float]] = {"mixed": [], "base": [], "separate": []}
     for _ in range(args.rounds):
         seconds, tokens = timed(lora, prompts, params, loras)
         rates["mixed"].append(tokens / seconds)
+        print(f"  mixed: {tokens / seconds:.1f} tok/s", flush=True)
         seconds, tokens = timed(base, prompts, params, None)
         rates["base"].append(tokens / seconds)
+        print(f"  base: {tokens / seconds:.1f} tok/s", flush=True)
         total_s, total_tokens = 0.0, 0
         for adapter in adapters:
             mine = [p for p, a in zip(prompts, loras, strict=True) if a is adapter]
             seconds, tokens = timed(lora, mine, params, adapter)
             total_s, total_tokens = total_s + seconds, total_tokens + tokens
         rates["separate"].append(total_tokens / total_s)
+        print(f"  separate: {total_tokens / total_s:.1f} tok/s", flush=True)
 
     median = {name: statistics.median(values) for name, values in rates.items()}
     print(f"{args.requests} requests over {args.adapters} adapters, {args.max_tokens} tokens "

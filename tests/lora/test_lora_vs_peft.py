@@ -38,17 +38,21 @@ def served(tmp_path_factory):
         path = tmp / name
         refs[name] = save_peft_adapter(hf, path, r=rank, target_modules=targets, seed=i, **extra)
         requests[name] = LoRARequest(name, i, str(path))
-    llm = LLM(
-        model=str(tmp / "base"),
+    return make_llm(tmp / "base", max_loras=3), refs, requests, tmp
+
+
+def make_llm(path: Path, level: int = 0, **lora: int) -> LLM:
+    """An engine over the tiny model at ``path``, float32, LoRA on (eager by default)."""
+    return LLM(
+        model=str(path),
         dtype="float32",
         skip_tokenizer_init=True,
-        optimization_level=0,
+        optimization_level=level,
         num_gpu_blocks_override=64,
         enable_lora=True,
-        max_loras=3,
         max_lora_rank=16,
+        **lora,
     )
-    return llm, refs, requests, tmp
 
 
 def reference(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], list[float]]:
@@ -120,17 +124,7 @@ def test_prefix_cache_never_shares_blocks_across_adapters(served) -> None:
 
 def test_more_adapters_than_max_loras_wait_and_all_finish(served) -> None:
     _, refs, requests, tmp = served
-    llm = LLM(
-        model=str(tmp / "base"),
-        dtype="float32",
-        skip_tokenizer_init=True,
-        optimization_level=0,
-        num_gpu_blocks_override=64,
-        enable_lora=True,
-        max_loras=1,
-        max_cpu_loras=2,
-        max_lora_rank=16,
-    )
+    llm = make_llm(tmp / "base", max_loras=1, max_cpu_loras=2)
     names = [*ADAPTERS, None, *ADAPTERS]
     outs = llm.generate(
         [{"prompt_token_ids": PROMPT}] * len(names),
@@ -202,3 +196,18 @@ def test_lora_request_needs_enable_lora(tmp_path) -> None:
         llm.generate(
             {"prompt_token_ids": [1, 2, 3]}, lora_request=LoRARequest("a", 1, str(tmp_path))
         )
+
+
+@pytest.mark.slow  # compiles the model (VLLM_COMPILE); the eager tests cover the LoRA math
+def test_compiled_forward_mixing_adapters_matches_peft(served) -> None:
+    _, refs, requests, tmp = served
+    llm = make_llm(tmp / "base", level=2, max_loras=3)
+    names = [None, *ADAPTERS]
+    outs = llm.generate(
+        [{"prompt_token_ids": PROMPT}] * len(names),
+        PARAMS,
+        use_tqdm=False,
+        lora_request=[requests[n] for n in names],
+    )
+    for out, name in zip(outs, names, strict=True):
+        check(out, reference(refs[name], PROMPT))

@@ -44,7 +44,13 @@ def save_peft_adapter(
 
 
 def write_random_adapter(
-    path: Path, hf_config: Any, *, r: int, target_modules: list[str], seed: int
+    path: Path,
+    hf_config: Any,
+    *,
+    r: int,
+    target_modules: list[str],
+    seed: int,
+    scale: float = 0.05,
 ) -> Path:
     """A PEFT-format adapter (config + safetensors) with random A and B for every layer
     of a Llama-shaped ``hf_config``, written without building the model (the default
@@ -70,7 +76,7 @@ def write_random_adapter(
             prefix = f"base_model.model.model.layers.{layer}.{kind}.{name}"
             n_in, n_out = shapes[name]
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(r, n_in, generator=gen) / n_in**0.5
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(n_out, r, generator=gen) * 0.05
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(n_out, r, generator=gen) * scale
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path / "adapter_model.safetensors"))
     config = {"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "target_modules": target_modules}

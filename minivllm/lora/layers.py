@@ -4,12 +4,12 @@ All adapters in use sit in ``max_loras`` slots of stacked weights, so a batch th
 mixes adapters (and rows with none) takes two small GEMMs per projection, whatever
 the mix (punica's shrink / expand, in plain torch):
 
-- shrink: ``xa = x @ A_all.T``, A_all [slots * slices * rank, in]: every row's
+- shrink: ``xa = x @ A_all.T``, A_all [slices * slots * rank, in]: every row's
   projection on every slot's A;
 - select: ``xa`` times the row's one-hot slot mask (`LoRARows.mask`) keeps only the
   row's own slot (a row without an adapter keeps nothing);
-- expand: ``delta = xa @ B_all``, B_all [slots * slices * rank, out], each slice's
-  rank block writing only its own output columns (q / k / v, gate / up).
+- expand: per slice (q / k / v, gate / up), ``xa[slice] @ B_slice`` with B_slice
+  [slots * rank, slice out], the slices' outputs side by side.
 
 The base keeps its own weights and kernel (low-bit GGUF blocks stay low-bit); the
 adapter computes in ``lora_dtype``.  Shapes do not depend on which adapters run, so
@@ -71,41 +71,45 @@ class LoRALinear(nn.Module):
         device = next((t.device for t in base.buffers() if t is not None), None)
         if base.weight is not None:
             device = base.weight.device
-        width = rows.num_slots * len(self.slices) * max_rank
+        width = rows.num_slots * max_rank
         self.register_buffer(
             "lora_a",
-            torch.zeros(width, base.input_size, dtype=dtype, device=device),
+            torch.zeros(len(self.slices) * width, base.input_size, dtype=dtype, device=device),
             persistent=False,
         )
-        self.register_buffer(
-            "lora_b",
-            torch.zeros(width, base.output_size, dtype=dtype, device=device),
-            persistent=False,
-        )
+        for index, (_, size) in enumerate(self.slices):
+            b = torch.zeros(width, size, dtype=dtype, device=device)
+            self.register_buffer(f"lora_b{index}", b, persistent=False)
 
     def _rows_of(self, slot: int, index: int) -> int:
-        return (slot * len(self.slices) + index) * self.max_rank
+        """First row of (slice, slot) in ``lora_a`` (slice-major: a slice's rows are
+        contiguous, so its part of ``xa`` is one block)."""
+        return (index * self.rows.num_slots + slot) * self.max_rank
 
     @torch.no_grad()
     def set_slot(self, slot: int, weights: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write an adapter's (A [r, in], scaled B [out, r]) per slice into ``slot``
         (0-based); slices it does not adapt stay zero."""
-        begin = self._rows_of(slot, 0)
-        self.lora_a[begin : begin + len(self.slices) * self.max_rank].zero_()
-        self.lora_b[begin : begin + len(self.slices) * self.max_rank].zero_()
+        rank_rows = slice(slot * self.max_rank, (slot + 1) * self.max_rank)
+        for index in range(len(self.slices)):
+            start = self._rows_of(slot, index)
+            self.lora_a[start : start + self.max_rank].zero_()
+            getattr(self, f"lora_b{index}")[rank_rows].zero_()
         for index, (a, b) in weights.items():
             start, rank = self._rows_of(slot, index), a.shape[0]
-            offset, size = self.slices[index]
             self.lora_a[start : start + rank].copy_(a)
-            self.lora_b[start : start + rank, offset : offset + size].copy_(b.t())
+            lora_b = getattr(self, f"lora_b{index}")
+            lora_b[slot * self.max_rank : slot * self.max_rank + rank].copy_(b.t())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        num_tokens = x.shape[0]
+        num_tokens, num_slices = x.shape[0], len(self.slices)
         xa = torch.nn.functional.linear(x.to(self.lora_a.dtype), self.lora_a)
-        mask = self.rows.mask[:num_tokens].unsqueeze(-1)
-        xa = (xa.view(num_tokens, self.rows.num_slots, -1) * mask).view(num_tokens, -1)
-        return y + (xa @ self.lora_b).to(y.dtype)
+        mask = self.rows.mask[:num_tokens].view(num_tokens, 1, -1, 1)
+        xa = (xa.view(num_tokens, num_slices, self.rows.num_slots, -1) * mask).flatten(2)
+        parts = [xa[:, i] @ getattr(self, f"lora_b{i}") for i in range(num_slices)]
+        delta = parts[0] if num_slices == 1 else torch.cat(parts, dim=1)
+        return y + delta.to(y.dtype)
 
 
 def apply_lora(

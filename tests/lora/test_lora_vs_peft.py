@@ -41,17 +41,16 @@ def served(tmp_path_factory):
     return make_llm(tmp / "base", max_loras=3), refs, requests, tmp
 
 
-def make_llm(path: Path, level: int = 0, **lora: int) -> LLM:
+def make_llm(path: Path, level: int = 0, **overrides: int) -> LLM:
     """An engine over the tiny model at ``path``, float32, LoRA on (eager by default)."""
+    kwargs = {"num_gpu_blocks_override": 64, "max_lora_rank": 16, **overrides}
     return LLM(
         model=str(path),
         dtype="float32",
         skip_tokenizer_init=True,
         optimization_level=level,
-        num_gpu_blocks_override=64,
         enable_lora=True,
-        max_lora_rank=16,
-        **lora,
+        **kwargs,
     )
 
 
@@ -134,6 +133,30 @@ def test_more_adapters_than_max_loras_wait_and_all_finish(served) -> None:
     )
     for out, name in zip(outs, names, strict=True):
         check(out, reference(refs[name], PROMPT))
+
+
+def test_preempted_and_chunked_requests_keep_their_adapter(served) -> None:
+    _, refs, requests, tmp = served
+    # Prefill chunks of 16 tokens, admitted without reserving the whole prompt, in 8
+    # usable blocks of 16 for four 47-token prompts: preemptions, also mid-prefill.
+    llm = make_llm(
+        tmp / "base",
+        max_loras=3,
+        num_gpu_blocks_override=9,
+        max_num_batched_tokens=16,
+        scheduler_reserve_full_isl=False,
+    )
+    names = [None, *ADAPTERS]
+    prompt = list(range(3, 50))
+    outs = llm.generate(
+        [{"prompt_token_ids": prompt}] * len(names),
+        PARAMS,
+        use_tqdm=False,
+        lora_request=[requests[n] for n in names],
+    )
+    for out, name in zip(outs, names, strict=True):
+        check(out, reference(refs[name], prompt))
+    assert llm.llm_engine.scheduler.num_preemptions > 0
 
 
 def _copy_adapter(src: Path, dst: Path, **config_changes) -> Path:

@@ -83,6 +83,19 @@ def check(output, want: tuple[list[int], list[float]]) -> None:
 PARAMS = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, logprobs=1)
 
 
+def check_batch(llm: LLM, served, names: list[str | None], prompt: list[int]) -> None:
+    """``prompt`` under each adapter of ``names`` (None: the base), as one batch."""
+    _, refs, requests, _ = served
+    outs = llm.generate(
+        [{"prompt_token_ids": prompt}] * len(names),
+        PARAMS,
+        use_tqdm=False,
+        lora_request=[requests[n] for n in names],
+    )
+    for out, name in zip(outs, names, strict=True):
+        check(out, reference(refs[name], prompt))
+
+
 @pytest.mark.parametrize("name", list(ADAPTERS))
 def test_each_adapter_alone_matches_peft(served, name) -> None:
     llm, refs, requests, _ = served
@@ -122,21 +135,13 @@ def test_prefix_cache_never_shares_blocks_across_adapters(served) -> None:
 
 
 def test_more_adapters_than_max_loras_wait_and_all_finish(served) -> None:
-    _, refs, requests, tmp = served
+    tmp = served[3]
     llm = make_llm(tmp / "base", max_loras=1, max_cpu_loras=2)
-    names = [*ADAPTERS, None, *ADAPTERS]
-    outs = llm.generate(
-        [{"prompt_token_ids": PROMPT}] * len(names),
-        PARAMS,
-        use_tqdm=False,
-        lora_request=[requests[n] for n in names],
-    )
-    for out, name in zip(outs, names, strict=True):
-        check(out, reference(refs[name], PROMPT))
+    check_batch(llm, served, [*ADAPTERS, None, *ADAPTERS], PROMPT)
 
 
 def test_preempted_and_chunked_requests_keep_their_adapter(served) -> None:
-    _, refs, requests, tmp = served
+    tmp = served[3]
     # Prefill chunks of 16 tokens, admitted without reserving the whole prompt, in 8
     # usable blocks of 16 for four 47-token prompts: preemptions, also mid-prefill.
     llm = make_llm(
@@ -146,16 +151,7 @@ def test_preempted_and_chunked_requests_keep_their_adapter(served) -> None:
         max_num_batched_tokens=16,
         scheduler_reserve_full_isl=False,
     )
-    names = [None, *ADAPTERS]
-    prompt = list(range(3, 50))
-    outs = llm.generate(
-        [{"prompt_token_ids": prompt}] * len(names),
-        PARAMS,
-        use_tqdm=False,
-        lora_request=[requests[n] for n in names],
-    )
-    for out, name in zip(outs, names, strict=True):
-        check(out, reference(refs[name], prompt))
+    check_batch(llm, served, [None, *ADAPTERS], list(range(3, 50)))
     assert llm.llm_engine.scheduler.num_preemptions > 0
 
 
@@ -223,14 +219,6 @@ def test_lora_request_needs_enable_lora(tmp_path) -> None:
 
 @pytest.mark.slow  # compiles the model (VLLM_COMPILE); the eager tests cover the LoRA math
 def test_compiled_forward_mixing_adapters_matches_peft(served) -> None:
-    _, refs, requests, tmp = served
+    tmp = served[3]
     llm = make_llm(tmp / "base", level=2, max_loras=3)
-    names = [None, *ADAPTERS]
-    outs = llm.generate(
-        [{"prompt_token_ids": PROMPT}] * len(names),
-        PARAMS,
-        use_tqdm=False,
-        lora_request=[requests[n] for n in names],
-    )
-    for out, name in zip(outs, names, strict=True):
-        check(out, reference(refs[name], PROMPT))
+    check_batch(llm, served, [None, *ADAPTERS], PROMPT)

@@ -183,6 +183,8 @@ class AsyncLLM:
     ) -> ValidatedRequest:
         """Validate a token-id request before it is sent (pure, thread-safe): the
         engine's ValueError for a request it could never finish."""
+        if lora_request is None:
+            return self.engine.process_inputs(prompt, params, priority)
         return self.engine.process_inputs(prompt, params, priority, lora_request)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:

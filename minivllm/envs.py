@@ -123,6 +123,12 @@ def ray_worker_env() -> dict[str, str]:
     return {k: os.environ[k] for k in ("PYTHONPATH", "MINIVLLM_CACHE_ROOT") if k in os.environ}
 
 
+def allow_runtime_lora_updating() -> bool:
+    """``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` (vLLM's name; default off): the server's
+    ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` routes."""
+    return _flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+
+
 def openai_api_key() -> str | None:
     """``OPENAI_API_KEY``: the bearer token ``minivllm bench serve`` sends by default."""
     return os.environ.get("OPENAI_API_KEY")

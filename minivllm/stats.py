@@ -108,6 +108,10 @@ class SchedulerStats:
     num_preemptions: int
     spec_decoding_stats: SpecDecodingStats | None = None
     """Cumulative speculative decoding counts; None when speculation is off."""
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    """LoRA adapter name -> running requests that use it."""
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
+    """LoRA adapter name -> waiting requests that use it."""
 
 
 @dataclass

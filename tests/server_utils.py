@@ -50,9 +50,11 @@ class RemoteServer:
         *extra_args: str,
         max_model_len: int = DEFAULT_MAX_MODEL_LEN,
         num_gpu_blocks: int = 512,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.max_model_len = max_model_len
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(tempfile.mkstemp(prefix="minivllm-serve-", suffix=".log")[1])
         args = [
@@ -64,7 +66,7 @@ class RemoteServer:
         ]  # fmt: skip
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}
+                args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
             )
 
     def wait_ready(self) -> None:

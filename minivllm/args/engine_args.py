@@ -34,6 +34,7 @@ from minivllm.config.cache import CacheConfig
 from minivllm.config.device import DeviceConfig
 from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
+from minivllm.config.lora import LoRAConfig
 from minivllm.config.model import ModelConfig
 from minivllm.config.parallel import ParallelConfig
 from minivllm.config.reasoning import ReasoningConfig
@@ -87,6 +88,8 @@ TARGETS = [
     ),
     # --reasoning-parser, --reasoning-start-str, --reasoning-end-str (vLLM's flag names).
     ConfigTarget("reasoning_config", ReasoningConfig),
+    # Built only under enable_lora (vLLM's switch; see `EngineArgs.enable_lora`).
+    ConfigTarget("lora_config", LoRAConfig),
     ConfigTarget("", VllmConfig, only=ROOT_FIELDS),
 ]
 """Which configs feed `EngineArgs`, in build order (a field two configs share belongs to
@@ -107,6 +110,8 @@ PARSERS = {
 }
 """Integer flags that take sizes such as ``8k`` / ``8K`` (and ``auto``), the ones vLLM's do."""
 
+
+_ENABLE_LORA_DOC = "Serve LoRA adapters (the other LoRA arguments apply only with it)."
 
 SPECS, SHARED = build_specs(TARGETS)
 """The argument table, and per sub-config the fields it shares with an earlier one."""
@@ -135,6 +140,9 @@ class EngineArgs:
     """KV cache event publishing as a JSON object, e.g. ``{"enable_kv_cache_events":
     true, "publisher": "zmq", "endpoint": "tcp://*:5557"}`` (see `KVEventsConfig`);
     None: off."""
+    enable_lora: bool = False
+    """Serve LoRA adapters (builds `LoRAConfig` from the LoRA arguments; without it
+    they are ignored, as in vLLM)."""
 
     def __post_init__(self) -> None:
         # A config-valued argument is always a config object, as in vLLM: None gives the
@@ -175,6 +183,15 @@ class EngineArgs:
                 spec.doc,
                 PARSERS.get(spec.arg_name),
             )
+        add_field_argument(
+            groups["LoRAConfig"],
+            ["--enable-lora"],
+            "enable_lora",
+            bool,
+            False,
+            _ENABLE_LORA_DOC,
+            None,
+        )
         return parser
 
     @classmethod
@@ -188,7 +205,7 @@ class EngineArgs:
             value = getattr(args, spec.arg_name, None)
             if value is not None:
                 kwargs[spec.arg_name] = value
-        engine_args = cls(**kwargs)
+        engine_args = cls(**kwargs, enable_lora=bool(getattr(args, "enable_lora", False)))
         names = {s.arg_name for s in cls._specs}
         explicit = set(getattr(args, EXPLICIT_ATTR, ()))
         engine_args._cli_explicit = explicit & names
@@ -303,7 +320,7 @@ class EngineArgs:
         user set (raises ValueError naming the flag at fault)."""
         built: dict[str, Any] = {}
         for target in TARGETS:
-            if not target.attr:
+            if not target.attr or (target.cls is LoRAConfig and not self.enable_lora):
                 continue
             kwargs = {
                 s.field.name: getattr(self, s.arg_name)
@@ -320,6 +337,8 @@ class EngineArgs:
                 kwargs["enable_prefix_caching"] = built["model_config"].is_prefix_caching_supported
             built[target.attr] = self._build(target.cls, kwargs, target.attr)
         user_paths = self.user_set_paths()
+        if not self.enable_lora:
+            user_paths = {p for p in user_paths if not p.startswith("lora_config.")}
         given = self.user_set_args()
         for spec in self._specs:
             if spec.target.attr:

@@ -70,6 +70,7 @@ def _resolve_model(cfg: VllmConfig, prov: Provenance) -> None:
     with _step(prov, "rule", "try_verify_and_update_config", "model-specific config hook"):
         cfg.try_verify_and_update_config()
     _verify_with_model(cfg, prov)
+    _verify_lora(cfg, prov)
     _gguf_with_parallelism(cfg, prov)
     with _step(prov, "rule", "pooling_model", "pooling models: prompts whole, prefix cache"):
         by_user = prov.origin_of("cache_config.enable_prefix_caching").source == "user"
@@ -185,6 +186,23 @@ def _resolve_cache_manager(cfg: VllmConfig, prov: Provenance) -> None:
         rules.absolutize_debug_dump_path(cfg)
     cfg.compilation_config.pass_config.log_enabled_passes()
     cfg.validate_block_size()
+
+
+def _verify_lora(cfg: VllmConfig, prov: Provenance) -> None:
+    """LoRA: the adapter dtype from the model's; one process only (for now)."""
+    lora = cfg.lora_config
+    if lora is None:
+        return
+    with _step(prov, "rule", "lora_dtype", "LoRA dtype 'auto' follows the model dtype"):
+        lora.verify_with_model_config(cfg.model_config)
+    parallel_config = cfg.parallel_config
+    if parallel_config.world_size > 1:
+        raise ValueError(
+            "LoRA is not supported by minivllm yet with tensor or pipeline parallelism "
+            f"(tensor_parallel_size={parallel_config.tensor_parallel_size}, "
+            f"pipeline_parallel_size={parallel_config.pipeline_parallel_size}); drop "
+            "--enable-lora or run on one process."
+        )
 
 
 def _check_supported(cfg: VllmConfig) -> None:

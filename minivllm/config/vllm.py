@@ -35,6 +35,7 @@ from minivllm.config.kernel import KernelConfig
 from minivllm.config.kv_events import KVEventsConfig
 from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
+from minivllm.config.lora import LoRAConfig
 from minivllm.config.model import ModelConfig
 from minivllm.config.observability import ObservabilityConfig
 from minivllm.config.optimization import (
@@ -65,7 +66,6 @@ from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
 from minivllm.config.unsupported.ec_transfer import ECTransferConfig
 from minivllm.config.unsupported.engram import EngramConfig
 from minivllm.config.unsupported.kv_transfer import KVTransferConfig
-from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
@@ -140,7 +140,7 @@ class VllmConfig:
     kernel_config: KernelConfig = field(default_factory=KernelConfig)
     """Kernel configuration."""
     lora_config: LoRAConfig | None = None
-    """LoRA adapters (unsupported: must stay None)."""
+    """LoRA adapters (None: LoRA off; see `LoRAConfig`)."""
     speculative_config: SpeculativeConfig | None = None
     """Speculative decoding ("ngram" or "draft_model"); None: off."""
     watermark_config: WatermarkConfig | None = None

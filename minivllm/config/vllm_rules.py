@@ -12,7 +12,6 @@ not have and the config that would switch it on cannot be set (its sub-config's
   ``_set_max_num_scheduled_tokens``, async scheduling per SD method, cascade
   attention off with async SD, EAGLE with fast prefill or chunked local
   attention, DFlash/DSpark runner checks, adaptive verification;
-- LoRA: ``verify_with_model_config``;
 - KV transfer / connectors / NIXL / EC transfer: NIXL DCP asserts,
   connector-requires-PIECEWISE, HMA support of connectors, kv_offloading-derived
   connectors, ``_verify_kv_transfer_compat`` (the KV-events warnings are

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from minivllm.engine.input_processor import PromptInput, ValidatedRequest
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.logger import init_logger
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import NO_ALLOWED_TOKEN_ERROR, RequestOutputKind, SamplingParams
@@ -175,11 +176,25 @@ class AsyncLLM:
         return self.engine.vllm_config
 
     def process_inputs(
-        self, prompt: PromptInput, params: SamplingParams, priority: int = 0
+        self,
+        prompt: PromptInput,
+        params: SamplingParams,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> ValidatedRequest:
         """Validate a token-id request before it is sent (pure, thread-safe): the
         engine's ValueError for a request it could never finish."""
-        return self.engine.process_inputs(prompt, params, priority)
+        if lora_request is None:
+            return self.engine.process_inputs(prompt, params, priority)
+        return self.engine.process_inputs(prompt, params, priority, lora_request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check an adapter so requests can name it (ValueError saying why not)."""
+        return self.engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter's check (its loaded weights age out of the worker's LRU)."""
+        return self.engine.remove_lora(lora_int_id)
 
     def process_pooling(
         self, prompt: PromptInput, params: PoolingParams, task: str

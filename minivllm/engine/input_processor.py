@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from minivllm.engine.pooling import check_pooling_request
 from minivllm.engine.reasoning import check_thinking_budget
+from minivllm.lora.checker import AdapterChecker
+from minivllm.lora.request import LoRARequest
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.manager import StructuredOutputManager
@@ -53,6 +55,8 @@ class ValidatedRequest:
     """The compiled grammar of a structured-output request (compiled here, once)."""
     pooling_params: PoolingParams | None = None
     """A pooling request's parameters (``params`` then only carries the prompt)."""
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter the request runs with (checked here), or None."""
 
 
 class InputProcessor:
@@ -74,9 +78,14 @@ class InputProcessor:
         model_eos = getattr(model_config.hf_text_config, "eos_token_id", None)
         self.model_eos_token_ids: list[int] = list(model_eos) if isinstance(model_eos, list) else []
         self._structured_outputs: StructuredOutputManager | None = None
+        self.adapters = AdapterChecker(vllm_config)
 
     def process(
-        self, prompt: PromptInput, params: SamplingParams | None = None, priority: int = 0
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> ValidatedRequest:
         """The validated request; ValueError, with the numbers and a fix, otherwise."""
         params = (params or SamplingParams()).clone()
@@ -85,13 +94,17 @@ class InputProcessor:
         self.scheduler.check_request(len(token_ids), priority, params.n)
         params.verify_for_model(self.vocab_size, self.max_logprobs)
         check_thinking_budget(self.vllm_config, params)
+        if lora_request is not None:
+            self.adapters.check(lora_request)
         grammar = self._compile_grammar(params)
         params.update_from_tokenizer(self.eos_token_id)
         if self.model_eos_token_ids:
             params.update_from_generation_config(
                 {"eos_token_id": self.model_eos_token_ids}, self.eos_token_id
             )
-        return ValidatedRequest(text, token_ids, params, priority, grammar)
+        return ValidatedRequest(
+            text, token_ids, params, priority, grammar, lora_request=lora_request
+        )
 
     def process_pooling(
         self, prompt: PromptInput, pooling_params: PoolingParams, task: str

@@ -26,6 +26,7 @@ from minivllm.engine.output_processor import OutputProcessor, ParentRequest
 from minivllm.engine.reasoning import init_reasoning_token_ids
 from minivllm.executor.factory import get_executor_class
 from minivllm.logger import init_logger
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
@@ -91,13 +92,27 @@ class LLMEngine:
 
     # -- requests -----------------------------------------------------------
     def process_inputs(
-        self, prompt: PromptInput, params: SamplingParams | None = None, priority: int = 0
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> ValidatedRequest:
         """Tokenize and validate a request (the one validation point; see
         `input_processor`).  Thread-safe for token-id prompts: the server calls it
         before a stream starts, so that a bad request gets a 400 rather than an error
         event after a 200."""
-        return self.input_processor.process(prompt, params, priority)
+        return self.input_processor.process(prompt, params, priority, lora_request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check an adapter ahead of its requests (vLLM's API); ValueError saying why
+        it cannot be served.  The worker loads it with its first request."""
+        self.input_processor.adapters.check(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget the adapter with this id (its weights age out of the worker's LRU)."""
+        return self.input_processor.adapters.forget(lora_int_id)
 
     @property
     def structured_outputs(self) -> StructuredOutputManager:
@@ -111,6 +126,7 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> str:
         """Queue a request (``n`` children when params.n > 1); returns its id.
 
@@ -127,7 +143,7 @@ class LLMEngine:
             assert params is None and priority == 0, "a ValidatedRequest carries its own"
             validated = prompt
         else:
-            validated = self.process_inputs(prompt, params, priority)
+            validated = self.process_inputs(prompt, params, priority, lora_request)
         params = validated.params
         child_ids = (
             [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
@@ -155,6 +171,7 @@ class LLMEngine:
                 eos_token_id=self.eos_token_id,
                 arrival_time=arrival_time,
                 priority=validated.priority,
+                lora_request=validated.lora_request,
             )
             request.grammar = validated.grammar
             self.scheduler.add_request(request)

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 from minivllm.engine.llm_engine import LLMEngine, PromptInput
 from minivllm.entrypoints.llm_pooling import PoolingMixin, as_prompt_list
 from minivllm.entrypoints.metrics_reader import Metric, get_metrics_snapshot
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -79,9 +80,12 @@ class LLM(PoolingMixin):
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in the prompts' order."""
+        """Generate for every prompt; outputs come back in the prompts' order.
+        ``lora_request``: one adapter for every prompt, or one (or None) per prompt."""
         prompt_list = as_prompt_list(prompts)
+        loras = _per_prompt_loras(lora_request, len(prompt_list))
         if sampling_params is None:
             params_list = [SamplingParams()] * len(prompt_list)
         elif isinstance(sampling_params, SamplingParams):
@@ -104,7 +108,11 @@ class LLM(PoolingMixin):
                 params.output_kind = RequestOutputKind.FINAL_ONLY
                 # The engine picks an id no other request uses.
                 request_id = engine.add_request(
-                    None, prompt, params, priority=priority[i] if priority else 0
+                    None,
+                    prompt,
+                    params,
+                    priority=priority[i] if priority else 0,
+                    lora_request=loras[i],
                 )
                 ids.append(request_id)
         except Exception:
@@ -157,3 +165,17 @@ class LLM(PoolingMixin):
             if bar is not None:
                 bar.close()
         return [finished[r] for r in request_ids]
+
+
+def _per_prompt_loras(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, num_prompts: int
+) -> list[LoRARequest | None]:
+    """One adapter (or None) per prompt, from one for all or a list."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise ValueError(
+            f"got {len(loras)} LoRA requests for {num_prompts} prompts; give one, or one per prompt"
+        )
+    return loras

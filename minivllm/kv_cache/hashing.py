@@ -79,6 +79,9 @@ class HashableRequest(Protocol):
     @property
     def all_token_ids(self) -> Sequence[int]: ...
 
+    @property
+    def cache_extra_keys(self) -> tuple[Any, ...] | None: ...
+
     block_hashes: list[BlockHash]
 
 
@@ -89,8 +92,9 @@ def make_block_hasher(
 
     It starts after the last hash already in ``request.block_hashes``, so calling
     it after every appended token costs one hash per newly completed block.
-    ``extra_keys`` are mixed into the first block only: they then reach every
-    block through the chain.
+    ``extra_keys`` (with the request's own ``cache_extra_keys``, e.g. its LoRA
+    adapter) are mixed into the first block only: they then reach every block
+    through the chain.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be a positive number of tokens, got {block_size}.")
@@ -100,9 +104,11 @@ def make_block_hasher(
         start = len(request.block_hashes)
         parent = request.block_hashes[-1] if start else None
         new_hashes: list[BlockHash] = []
+        own = getattr(request, "cache_extra_keys", None)  # stand-ins may lack it
+        first_keys = extra_keys if own is None else (*(extra_keys or ()), *own)
         for block_idx in range(start, len(tokens) // block_size):
             begin = block_idx * block_size
-            keys = extra_keys if block_idx == 0 else None
+            keys = first_keys if block_idx == 0 else None
             parent = hash_block_tokens(hash_fn, parent, tokens[begin : begin + block_size], keys)
             new_hashes.append(parent)
         return new_hashes

@@ -47,6 +47,9 @@ class SchedulerOptions:
     max_concurrent_batches: int = 1
     """Batches the engine keeps in flight (the pipeline's stages); each batch takes at
     most its share of the active requests when this is above 1."""
+    max_loras: int | None = None
+    """Most distinct LoRA adapters among the running requests (None: LoRA off);
+    a request for another adapter waits until one of them has no request left."""
     send_sampled_tokens: bool = False
     """Fill `CachedRequestData.new_token_ids` (more than one rank: the ranks that do
     not sample learn the tokens from there)."""
@@ -92,6 +95,7 @@ class SchedulerOptions:
         assert max_model_len is not None
         # Configs without the speculative fields (older stand-ins) mean no speculation.
         spec = getattr(vllm_config, "speculative_config", None)
+        lora = getattr(vllm_config, "lora_config", None)
         return cls(
             max_num_seqs=sched.max_num_seqs,
             max_num_batched_tokens=sched.max_num_scheduled_tokens or sched.max_num_batched_tokens,
@@ -108,5 +112,6 @@ class SchedulerOptions:
             # One batch per pipeline stage: the engine never overlaps a step with the
             # next, so async scheduling's extra batch (in vLLM's bound) is not run here.
             max_concurrent_batches=vllm_config.parallel_config.pipeline_parallel_size,
+            max_loras=lora.max_loras if lora is not None else None,
             send_sampled_tokens=send_sampled_tokens,
         )

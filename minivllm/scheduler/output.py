@@ -35,6 +35,8 @@ class NewRequestData:
     grammar: Any = None
     """The request's compiled grammar (structured outputs), or None; the worker starts a
     matcher from it and replays output_token_ids through it."""
+    lora_request: Any = None
+    """The request's LoRA adapter (a `LoRARequest`), or None for the base model."""
 
 
 @dataclass

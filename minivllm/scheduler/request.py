@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Collection, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from minivllm.kv_cache.hashing import BlockHash
 from minivllm.stats import RequestSpecDecodeStats
@@ -65,6 +65,7 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
+        lora_request: Any = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"Request {request_id!r} has an empty prompt; give at least 1 token.")
@@ -99,9 +100,23 @@ class Request:
         self.num_output_tokens_sent = 0
         """Output tokens the workers already hold (sent with the request, or in
         `CachedRequestData.new_token_ids`)."""
+        self.lora_request = lora_request
+        """The request's LoRA adapter (a `LoRARequest`; opaque here), or None."""
         self.block_hashes: list[BlockHash] = []
         self.block_hasher = block_hasher
         self.update_block_hashes()
+
+    @property
+    def lora_int_id(self) -> int:
+        """The adapter's id (0: the base model)."""
+        return 0 if self.lora_request is None else int(self.lora_request.lora_int_id)
+
+    @property
+    def cache_extra_keys(self) -> tuple[Any, ...] | None:
+        """What the prefix-cache hashes mix in beyond the tokens: the adapter, so the
+        same prompt under two adapters (or none) never shares KV blocks."""
+        lora = self.lora_request
+        return None if lora is None else (lora.lora_name, lora.lora_int_id)
 
     # -- token views ------------------------------------------------------------
     @property

@@ -285,13 +285,20 @@ class Scheduler:
     def _schedule_waiting(self, step: StepPlan) -> None:
         """Admit waiting requests in policy order while the step has room."""
         step.count_partial_prefills(self.options.long_prefill_token_threshold)
+        # Requests for an adapter beyond max_loras step aside (in order) for the ones
+        # behind them, and come back to the front of the queue after this step.
+        skipped: list[Request] = []
         while (
             len(self.waiting) > 0
             and step.has_room()
             and len(self.running) < self.options.max_num_seqs
         ):
-            if not self._try_add_waiting(self.waiting.peek(), step):
+            if not self._lora_fits(self.waiting.peek()):
+                skipped.append(self.waiting.pop())
+            elif not self._try_add_waiting(self.waiting.peek(), step):
                 break
+        for request in reversed(skipped):
+            self.waiting.add_preempted(request)
 
     def _try_add_waiting(self, request: Request, step: StepPlan) -> bool:
         """Admit the head of the waiting queue (or finish it when it can never fit).
@@ -336,6 +343,15 @@ class Scheduler:
             request.num_cached_tokens = num_hit
         step.add_new(request, num_new, is_partial, is_long)
         return True
+
+    def _lora_fits(self, request: Request) -> bool:
+        """Whether the running batch has room for the request's adapter (always, for
+        the base model or an adapter already running)."""
+        max_loras = self.options.max_loras
+        if max_loras is None or request.lora_int_id == 0:
+            return True
+        running = {r.lora_int_id for r in self.running} - {0}
+        return request.lora_int_id in running or len(running) < max_loras
 
     def _allocate(
         self, request: Request, num_new: int, hits: KVCacheBlocks | None = None
@@ -423,6 +439,7 @@ class Scheduler:
             num_computed_tokens=request.num_computed_tokens,
             output_token_ids=list(request.output_token_ids),
             grammar=request.grammar,
+            lora_request=request.lora_request,
         )
 
     # -- results ----------------------------------------------------------------
@@ -540,4 +557,16 @@ class Scheduler:
             prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions,
             spec_decoding_stats=self.spec.stats.copy() if self.spec else None,
+            running_lora_adapters=_count_adapters(self.running),
+            waiting_lora_adapters=_count_adapters(self.waiting),
         )
+
+
+def _count_adapters(requests: Iterable[Request]) -> dict[str, int]:
+    """LoRA adapter name -> how many of ``requests`` use it."""
+    counts: dict[str, int] = {}
+    for request in requests:
+        if request.lora_request is not None:
+            name = request.lora_request.lora_name
+            counts[name] = counts.get(name, 0) + 1
+    return counts

@@ -84,6 +84,8 @@ def decode_graph_wanted(vllm_config: VllmConfig, attn_layers: dict[str, Any]) ->
         return "tensor/pipeline parallelism (the graph is traced for one process)"
     if not attn_layers:
         return "no attention layers"
+    if vllm_config.lora_config is not None:
+        return "LoRA is enabled (the graph's fused layers have no LoRA delta)"
     model_config = vllm_config.model_config
     if model_config.runner_type == "pooling":
         return "a pooling model (its requests never decode)"

@@ -34,6 +34,8 @@ class CachedRequestState:
     thinking_gate: ThinkingGate | None = None
     """A reasoning model's request with a grammar or a thinking budget: where it stands
     relative to its reasoning (see `minivllm.structured_output.reasoning_gate`)."""
+    lora_request: Any = None
+    """The request's LoRA adapter, or None (the base model)."""
 
     @classmethod
     def from_new(
@@ -50,6 +52,7 @@ class CachedRequestState:
             generator=make_request_generator(data.sampling_params, device),
             grammar_matcher=_start_matcher(data, gate),
             thinking_gate=gate,
+            lora_request=data.lora_request,
         )
 
     def step_matcher(self) -> Any:

@@ -28,6 +28,7 @@ from minivllm.config.vllm import set_current_vllm_config
 from minivllm.distributed import get_pp_group, get_world_group, output_rank
 from minivllm.kv_cache.groups import KVCacheGroups, plan_kv_cache_groups
 from minivllm.logger import init_logger
+from minivllm.lora.manager import LoRAManager, make_lora_manager
 from minivllm.model_executor.custom_op import op_registry
 from minivllm.model_executor.layers.cpu_gemm import pack_linear_weights
 from minivllm.model_executor.loader import load_model
@@ -69,6 +70,8 @@ class ModelRunner:
         self.states: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
         self.model: torch.nn.Module | None = None
+        self.lora: LoRAManager | None = None
+        """The LoRA layers' adapter slots (None: LoRA off)."""
         self.forward_runner: ForwardRunner | None = None
         self.attn_layers: dict[str, Any] = {}
         self.kv_caches: list[torch.Tensor] = []
@@ -119,6 +122,7 @@ class ModelRunner:
         packed = pack_linear_weights(self.model, self.device, self.dtype)
         if packed:
             logger.info("packed %d linear weights for oneDNN GEMMs", packed)
+        self.lora = make_lora_manager(self.model, self.vllm_config, self.device)
         self.attn_layers = get_attention_layers(self.model)
         # Without the hybrid KV cache manager every layer keeps a whole-context table
         # (attention still honours each layer's window).
@@ -241,6 +245,11 @@ class ModelRunner:
             scheduler_output.scheduled_spec_decode_tokens,
             self.num_kv_groups,
         )
+        if self.lora is not None:
+            self.lora.set_batch(
+                [self.states[r].lora_request for r in req_ids],
+                [scheduler_output.num_scheduled_tokens[r] for r in req_ids],
+            )
         hidden = self.forward_runner.run(inputs.input_ids, inputs.positions, inputs.attn_metadata)
         if self.pooling is not None:
             return ModelRunnerOutput(

@@ -28,7 +28,6 @@ from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
 from minivllm.config.unsupported.ec_transfer import ECTransferConfig
 from minivllm.config.unsupported.engram import EngramConfig
 from minivllm.config.unsupported.kv_transfer import KVTransferConfig
-from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaBackendEnum, MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig, UVAOffloadConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
@@ -39,7 +38,6 @@ from minivllm.platforms import CpuPlatform, CudaPlatform, override_platform
 
 # (class, a non-default setting, words the error must contain, active when present)
 CASES = [
-    (LoRAConfig, {"max_lora_rank": 8}, "LoRA (lora_config)", True),
     (KVTransferConfig, {"kv_connector": "NixlConnector"}, "KV transfer", False),
     (ECTransferConfig, {"ec_connector": "X"}, "encoder cache transfer", False),
     (DiffusionConfig, {"canvas_length": 8}, "diffusion", True),
@@ -223,7 +221,7 @@ def default_model_config():
 def test_unknown_field_of_a_refused_subsystem_gets_the_refusal() -> None:
     # A field of a newer vLLM: the feature is refused whatever its fields.
     with pytest.raises(ValueError) as exc:
-        LoRAConfig(some_newer_vllm_field=1)  # type: ignore[call-arg]
-    assert "LoRA (lora_config) is not supported by minivllm" in str(exc.value)
+        WatermarkConfig(some_newer_vllm_field=1)  # type: ignore[call-arg]
+    assert "watermarking" in str(exc.value) and "not supported by minivllm" in str(exc.value)
     assert "some_newer_vllm_field=1" in str(exc.value)
     assert "Unexpected keyword argument" not in str(exc.value)

@@ -270,7 +270,6 @@ def test_debug_dump_path_is_absolute_and_rank_aware(model) -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("lora_config", {}),
         ("speculative_config", {"method": "eagle", "num_speculative_tokens": 2}),
         ("kv_transfer_config", {"kv_connector": "NixlConnector", "kv_role": "kv_both"}),
         ("diffusion_config", {}),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from minivllm.entrypoints.lora_modules import parse_lora_module
 from minivllm.entrypoints.model_tag import add_model_tag_argument
 from minivllm.entrypoints.openai.responses.store import add_store_arguments, store_limits_of
 
@@ -122,6 +123,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="How tool calls look in the model's text: hermes (<tool_call>{...}</tool_call>: "
         "Qwen, Hermes, SmolLM2 and other ChatML models) or llama3_json (Llama 3.x).",
+    )
+    server.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=parse_lora_module,
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters to serve (needs --enable-lora), each name=path or JSON "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\'; a request\'s model field '
+        "selects one by name.",
     )
     server.add_argument(
         "--uvicorn-log-level",

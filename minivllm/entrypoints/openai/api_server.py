@@ -67,6 +67,11 @@ from minivllm.entrypoints.openai.server_utils import (
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_engine import TokenizerPool
+from minivllm.entrypoints.openai.serving_lora import (
+    LoRAModulePath,
+    add_lora_routes,
+    add_static_loras,
+)
 from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
 from minivllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
@@ -103,12 +108,14 @@ def build_app(
     enable_auto_tool_choice: bool = False,
     tool_call_parser: str | None = None,
     responses_store: StoreLimits | None = None,
+    lora_modules: list[LoRAModulePath] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` (``stat_logger`` backs ``/metrics``)."""
     model_config = engine.model_config
     models = OpenAIServingModels(
         served_model_names or [model_config.served_model_name], model_config.max_model_len
     )
+    add_static_loras(models, engine, lora_modules or [])
     pool, handlers = _make_handlers(
         engine,
         models,
@@ -141,6 +148,7 @@ def build_app(
         engine, models, tokenizer, logs.max_log_len, pool, logs.enable_log_requests
     )
     add_pooling_routes(app, pooling)
+    add_lora_routes(app, models, engine)
     return app
 
 
@@ -299,6 +307,7 @@ def run_server(args: argparse.Namespace) -> int:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         responses_store=store_limits_of(args),
+        lora_modules=args.lora_modules,
     )
     print(config_summary(engine, args.host, args.port, args.api_key, names), flush=True)
     logger.info("ready in %.1f s: serving on http://%s:%d", time.perf_counter() - start,
@@ -321,6 +330,7 @@ def _start_engine(args: argparse.Namespace) -> tuple[AsyncLLM, PrometheusStatLog
         model_config.max_model_len,
         CollectorRegistry(),
         vllm_config.num_speculative_tokens,
+        vllm_config.lora_config.max_loras if vllm_config.lora_config else 0,
     )
     stat_loggers: list[Any] = [stat_logger]
     if not vllm_config.logging_config.disable_log_stats:

@@ -41,6 +41,7 @@ class PrometheusStatLogger:
         max_model_len: int,
         registry: CollectorRegistry,
         num_spec_tokens: int = 0,
+        max_loras: int = 0,
     ) -> None:
         self.registry = registry
         make = _LabelledMetrics(registry, {"model_name": model_name, "engine": "0"})
@@ -64,6 +65,15 @@ class PrometheusStatLogger:
         self._last_spec: SpecDecodingStats | None = None
         if num_spec_tokens:
             self._spec = _spec_decode_counters(make, num_spec_tokens)
+        self._lora_info: Gauge | None = None
+        self.max_loras = max_loras
+        if max_loras:  # vLLM's info gauge: the adapters in its labels, the time as value
+            self._lora_info = Gauge(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                registry=registry,
+            )
         # SchedulerStats counters are cumulative; Prometheus counters take increments.
         self._last_queries = 0
         self._last_hits = 0
@@ -161,6 +171,13 @@ class PrometheusStatLogger:
         self._last_preemptions = s.num_preemptions
         if self._spec is not None and s.spec_decoding_stats is not None:
             self._record_spec(s.spec_decoding_stats)
+        if self._lora_info is not None:
+            self._lora_info.clear()  # one sample: the adapters now
+            self._lora_info.labels(
+                max_lora=str(self.max_loras),
+                waiting_lora_adapters=",".join(sorted(s.waiting_lora_adapters)),
+                running_lora_adapters=",".join(sorted(s.running_lora_adapters)),
+            ).set_to_current_time()
 
         it = iteration_stats
         num_step_tokens = it.num_prompt_tokens + it.num_generation_tokens

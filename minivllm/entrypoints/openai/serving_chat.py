@@ -147,7 +147,7 @@ class OpenAIServingChat(OpenAIServing):
                     )
                 params.structured_outputs = constraint
         text, ids = await self.render(request, plan.template_tools if plan else None)
-        validated = await self.validate(ids, params, request.priority)
+        validated = await self.validate(ids, params, request.priority, request.model)
         request_id = request.request_id or random_id("chatcmpl")
         engine_id = engine_request_id(request_id)
         self.log_request(engine_id, text, ids, params)

@@ -62,7 +62,9 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIServingError("best_of must equal n (or be unset)", param="best_of")
         params = self.make_params(request)
         prompts = await self._prompts(request)
-        validated = [await self.validate(ids, params, request.priority) for _, ids in prompts]
+        validated = [
+            await self.validate(ids, params, request.priority, request.model) for _, ids in prompts
+        ]
         request_id = request.request_id or random_id("cmpl")
         engine_id = engine_request_id(request_id)
         generators = []

@@ -200,7 +200,7 @@ class OpenAIServing:
             return self.models.model_name(name)
         raise OpenAIServingError(
             f"The model `{name}` does not exist. This server serves: "
-            f"{', '.join(self.models.served_names)}.",
+            f"{', '.join(self.models.all_names)}.",
             HTTPStatus.NOT_FOUND,
             param="model",
         )
@@ -230,15 +230,20 @@ class OpenAIServing:
             raise OpenAIServingError.from_exception(exc) from None
 
     async def validate(
-        self, prompt_ids: list[int], params: SamplingParams, priority: int = 0
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        model: str | None = None,
     ) -> ValidatedRequest:
         """The engine's validated request (`iterate` sends it), or a 400 for one it
         refuses.  A structured-output request compiles its grammar here, in a worker
         thread: compiling a large schema is CPU work that must not stall the event loop."""
+        args = (prompt_ids, params, priority, self.models.lora_for(model))
         try:
             if params.structured_outputs is None:
-                return self.engine.process_inputs(prompt_ids, params, priority)
-            return await asyncio.to_thread(self.engine.process_inputs, prompt_ids, params, priority)
+                return self.engine.process_inputs(*args)
+            return await asyncio.to_thread(self.engine.process_inputs, *args)
         except ValueError as exc:
             raise OpenAIServingError.from_exception(exc) from None
 

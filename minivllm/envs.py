@@ -146,3 +146,13 @@ def set_default_omp_spin() -> None:
     (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``); it must run before torch loads libgomp."""
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = "1000"
+
+
+def batch_invariant() -> bool:
+    """``VLLM_BATCH_INVARIANT`` (vLLM's name, default off): 1 makes a request's
+    results independent of the batch it runs in (other requests, chunked prefill,
+    recomputation after preemption): every low-bit linear runs the row-independent
+    kernel at any row count, attention computes each query row alone over its own
+    keys, and the CPU decode graph (its fused layers round differently from the
+    prefill path) is off (`minivllm.model_executor.layers.batch_invariant`)."""
+    return _flag("VLLM_BATCH_INVARIANT")

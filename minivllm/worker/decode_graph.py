@@ -75,6 +75,8 @@ def decode_graph_wanted(vllm_config: VllmConfig, attn_layers: dict[str, Any]) ->
     """Why the decode graph is not used for this engine, or None when it is."""
     if not envs.cpu_decode_graph():
         return "MINIVLLM_CPU_DECODE_GRAPH=0"
+    if envs.batch_invariant():
+        return "VLLM_BATCH_INVARIANT=1 (its fused layers round unlike the prefill path)"
     if vllm_config.device_config.device_type != "cpu":
         return "not on CPU"
     if vllm_config.compilation_config.mode != CompilationMode.VLLM_COMPILE:

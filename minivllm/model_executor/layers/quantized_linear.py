@@ -44,9 +44,12 @@ activations, outputs and scales (~1.5%).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
+from minivllm import envs
 from minivllm.kernels import lowbit_cpu
 from minivllm.model_executor.layers.gguf_blocks import (
     INT4_TYPES,
@@ -54,7 +57,7 @@ from minivllm.model_executor.layers.gguf_blocks import (
     dequantize_rows,
     int4_affine,
 )
-from minivllm.platforms.cpu import cpu_has_fast_int8_matmul
+from minivllm.platforms.cpu import cpu_has_fast_int8_matmul, cpu_has_native_bf16
 from minivllm.torch_ops import eager_or_op, register_op
 
 KERNEL_DTYPE = torch.bfloat16
@@ -175,8 +178,10 @@ def lowbit_linear_impl(
     flat = x.reshape(-1, x.shape[-1])
     rows = flat.shape[0]
     low, high = INT8_INT_MM_TOKENS
+    if envs.batch_invariant():
+        return _as_output(_row_independent_mm(flat, qweight, scales, kind), x, bias)
     if kind == Q4:
-        if rows <= Q4_MAX_TOKENS:
+        if rows <= Q4_MAX_TOKENS or not _bf16_in_hardware():
             out = torch.ops.minivllm_cpu.q4_gemm(flat, qweight, scales)
         else:
             out = F.linear(
@@ -198,6 +203,33 @@ def lowbit_linear_impl(
         else:
             out = torch._weight_int8pack_mm(flat.contiguous(), qweight, scales)
     return _as_output(out, x, bias)
+
+
+@functools.cache
+def _bf16_in_hardware() -> bool:
+    """Whether a large ``Q4`` batch expands the weight to bfloat16 for a dense GEMM
+    (AMX / AVX512-BF16).  Elsewhere bfloat16 is emulated and the int4 kernel stays
+    faster at every row count (an AVX2 EPYC, 128-512 rows, default model's MLP
+    shapes: 0.15-0.21x the expanded GEMM's time), and a prompt then computes the
+    same whether it is prefilled alone or with others."""
+    return cpu_has_native_bf16()
+
+
+def _row_independent_mm(
+    flat: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
+) -> torch.Tensor:
+    """``flat @ W.T`` on the one kernel of ``kind`` whose result for a row does not
+    depend on the other rows (``VLLM_BATCH_INVARIANT=1``), whatever their number:
+    `lowbit_cpu`'s kernels quantize and compute each row alone; torch's weight-only
+    kernels take every row through the same loop."""
+    if kind == Q4:
+        return torch.ops.minivllm_cpu.q4_gemm(flat, qweight, scales)
+    if kind == INT8 and _q8_native(qweight):
+        return torch.ops.minivllm_cpu.q8_gemm(flat, qweight, scales)
+    flat = flat.to(scales.dtype).contiguous()
+    if kind == INT4:
+        return torch._weight_int4pack_mm_for_cpu(flat, qweight, GROUP, scales)
+    return torch._weight_int8pack_mm(flat, qweight, scales)
 
 
 def _as_output(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -273,7 +305,12 @@ def lowbit_logits_impl(
     Fewer rows, and int4 heads, use `lowbit_linear`.
     """
     flat = x.reshape(-1, x.shape[-1])
-    if kind != INT8 or flat.shape[0] < INT_MM_MIN_TOKENS or not cpu_has_fast_int8_matmul():
+    if (
+        kind != INT8
+        or flat.shape[0] < INT_MM_MIN_TOKENS
+        or not cpu_has_fast_int8_matmul()
+        or envs.batch_invariant()
+    ):
         return lowbit_linear_impl(x, qweight, scales, None, kind).float()
     out = int8_act_mm(flat, qweight, scales)
     return out.view(*x.shape[:-1], out.shape[-1])

@@ -51,6 +51,7 @@ ROOT_FIELDS = frozenset(
         "additional_config",
         "shutdown_timeout",
         "speculative_config",
+        "kv_transfer_config",
     }
 )
 """`VllmConfig` fields that are engine arguments (the sub-configs below are built apart)."""
@@ -126,6 +127,10 @@ class EngineArgs:
     speculative_config: dict[str, Any] | None = None
     """Speculative decoding as a JSON object, e.g. ``{"method": "ngram",
     "num_speculative_tokens": 3}`` (see `SpeculativeConfig`); None: off."""
+
+    kv_transfer_config: dict[str, Any] | None = None
+    """KV connector as a JSON object, e.g. ``{"kv_connector": "ExampleConnector",
+    "kv_role": "kv_both"}`` (see `KVTransferConfig`); None: none."""
 
     def __post_init__(self) -> None:
         # A config-valued argument is always a config object, as in vLLM: None gives the

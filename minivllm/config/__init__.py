@@ -14,6 +14,7 @@ from minivllm.config.cache import CacheConfig
 from minivllm.config.compilation import *  # noqa: F403
 from minivllm.config.device import DeviceConfig
 from minivllm.config.kernel import IrOpPriorityConfig, KernelConfig
+from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
 from minivllm.config.model import ModelConfig
@@ -31,7 +32,6 @@ from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
 from minivllm.config.unsupported.ec_transfer import ECTransferConfig
 from minivllm.config.unsupported.engram import EngramConfig
 from minivllm.config.unsupported.kv_events import KVEventsConfig
-from minivllm.config.unsupported.kv_transfer import KVTransferConfig
 from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaConfig
 from minivllm.config.unsupported.offload import (

@@ -16,6 +16,7 @@ import torch
 from minivllm.config.attention import AttentionConfig, HiSparseConfig
 from minivllm.config.device import DeviceConfig
 from minivllm.config.kernel import IrOpPriorityConfig, KernelConfig
+from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
 from minivllm.config.observability import ObservabilityConfig
@@ -28,7 +29,6 @@ from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
 from minivllm.config.unsupported.ec_transfer import ECTransferConfig
 from minivllm.config.unsupported.engram import EngramConfig
 from minivllm.config.unsupported.kv_events import KVEventsConfig
-from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.unsupported.lora import LoRAConfig
 from minivllm.config.unsupported.mamba import MambaBackendEnum, MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig, UVAOffloadConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Collection, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from minivllm.kv_cache.hashing import BlockHash
 from minivllm.stats import RequestSpecDecodeStats
@@ -18,6 +18,8 @@ class RequestStatus(enum.IntEnum):
     """Life cycle of a request; every status after PREEMPTED is final."""
 
     WAITING = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    """Its KV blocks are allocated and a KV connector is loading them."""
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()
@@ -99,6 +101,11 @@ class Request:
         self.num_output_tokens_sent = 0
         """Output tokens the workers already hold (sent with the request, or in
         `CachedRequestData.new_token_ids`)."""
+        extra = sampling_params.extra_args or {}
+        self.kv_transfer_params: dict[str, Any] | None = extra.get("kv_transfer_params")
+        """What the KV connector reads (vLLM's ``kv_transfer_params``, e.g. from a proxy)."""
+        self.kv_transfer_params_out: dict[str, Any] | None = None
+        """What the KV connector returns with the finished request's response."""
         self.block_hashes: list[BlockHash] = []
         self.block_hasher = block_hasher
         self.update_block_hashes()

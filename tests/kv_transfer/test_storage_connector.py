@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import BLOCK_SIZE, files_in, generate, make_llm, prompts
+from kv_helpers import BLOCK_SIZE, files_in, generate, make_llm, prompts
 
 from minivllm import LLM
 

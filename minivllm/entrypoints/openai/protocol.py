@@ -191,6 +191,9 @@ class SamplingRequest(OpenAIRequest, StructuredOutputFields):
     request_id: str | None = None
     """Shown as the response's ``id``; the engine runs the request under an id the server
     makes unique, so two requests with one id never touch each other."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """For the KV connector (disaggregated prefill): ``{"do_remote_decode": true}`` on
+    the prefill instance, the prefill response's parameters on the decode instance."""
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this request; ValueError names the field at fault."""
@@ -223,6 +226,11 @@ class SamplingRequest(OpenAIRequest, StructuredOutputFields):
             allowed_token_ids=self.allowed_token_ids,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
             structured_outputs=self.structured_outputs_of_request(),
+            extra_args=(
+                None
+                if self.kv_transfer_params is None
+                else {"kv_transfer_params": self.kv_transfer_params}
+            ),
         )
 
 
@@ -312,6 +320,8 @@ class CompletionResponse(OpenAIBaseModel):
     choices: list[CompletionResponseChoice]
     usage: UsageInfo
     system_fingerprint: str | None = SYSTEM_FINGERPRINT
+    kv_transfer_params: dict[str, Any] | None = None
+    """The KV connector's parameters (a prefill instance's: where to fetch its KV)."""
 
 
 class CompletionResponseStreamChoice(OpenAIBaseModel):
@@ -437,6 +447,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo
     system_fingerprint: str | None = SYSTEM_FINGERPRINT
     prompt_logprobs: PromptLogprobs | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    """The KV connector's parameters (a prefill instance's: where to fetch its KV)."""
 
 
 class DeltaMessage(OpenAIBaseModel):

@@ -138,3 +138,40 @@ def test_recompute_policy_computes_the_prompt_instead(tiny_model: str, producer:
             "remote_request_id": "gone", "remote_num_tokens": 29}  # fmt: skip
     (out,) = _decode(llm, items, [dead])
     assert out.error is None and [list(out.outputs[0].token_ids)] == expected
+
+
+def test_loading_does_not_stall_the_batch_and_abort_frees_the_blocks(consumer: LLM) -> None:
+    """While one request waits for a producer that does not answer, another runs to
+    the end; aborting the waiting one frees its blocks once its load gives up."""
+    from minivllm.scheduler.request import RequestStatus
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    release = threading.Event()
+
+    def hold() -> None:
+        conn, _ = server.accept()
+        release.wait(20)
+        conn.close()
+        server.close()
+
+    threading.Thread(target=hold, daemon=True).start()
+    engine = consumer.llm_engine
+    waiting = {"do_remote_prefill": True, "remote_host": "127.0.0.1",
+               "remote_port": server.getsockname()[1], "remote_request_id": "slow",
+               "remote_num_tokens": 29}  # fmt: skip
+    slow, quick = prompts(2, 30, seed=9)
+    engine.add_request("slow", slow, _params(waiting))
+    engine.add_request("quick", quick, _params({}))
+    finished = set()
+    while "quick" not in finished:
+        finished |= {o.request_id for o in engine.step() if o.finished}
+    request = engine.scheduler.requests["slow"]
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert engine.scheduler.kv_cache_manager.get_num_held_blocks("slow") > 0
+    engine.abort_request("slow")
+    release.set()
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.kv_cache_manager.get_num_held_blocks() == 0

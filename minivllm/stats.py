@@ -189,6 +189,8 @@ class IterationStats:
 __all__ = [
     "FinishedRequestStats",
     "IterationStats",
+    "KVConnectorStats",
+    "PromptTokenStats",
     "RequestSpecDecodeStats",
     "SchedulerStats",
     "SpecDecodingStats",

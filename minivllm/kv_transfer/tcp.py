@@ -42,6 +42,17 @@ def tokens_digest(token_ids: Sequence[int]) -> str:
     return hashlib.sha256(struct.pack(f"<{len(token_ids)}q", *token_ids)).hexdigest()
 
 
+def _as_int(value: Any) -> int:
+    """A count from a request's kv_transfer_params; anything else counts as 0 (the
+    prompt is computed here)."""
+    if isinstance(value, bool):
+        return 0
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
 class TcpConnectorScheduler(KVConnectorScheduler):
     """Plans the producer's sends and the consumer's pulls."""
 
@@ -66,7 +77,7 @@ class TcpConnectorScheduler(KVConnectorScheduler):
         if not (self.is_consumer and params.get("do_remote_prefill")) or rid in self._pulled:
             return 0, False
         self._pulled.add(rid)  # once: after a preemption the request computes its prompt
-        remote = min(int(params.get("remote_num_tokens") or 0), request.num_prompt_tokens - 1)
+        remote = min(_as_int(params.get("remote_num_tokens")), request.num_prompt_tokens - 1)
         self.stats.external_queries += request.num_prompt_tokens - num_computed_tokens
         num = max(0, remote - num_computed_tokens)
         self.stats.external_hits += num

@@ -110,7 +110,7 @@ class KVConnectorWorker:
         return bool(self._loading)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- what each connector does ---------------------------------------------
     def load(self, load: KVLoad) -> int:

@@ -175,3 +175,13 @@ def test_loading_does_not_stall_the_batch_and_abort_frees_the_blocks(consumer: L
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.scheduler.kv_cache_manager.get_num_held_blocks() == 0
+
+
+def test_a_taken_port_is_refused_and_shutdown_frees_it(tiny_model: str, producer, port) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=f"cannot listen on 127.0.0.1:{port}.*kv_port"):
+        make_llm(tiny_model, _config("kv_producer", port))
+    other_port = _free_port()
+    other = make_llm(tiny_model, _config("kv_producer", other_port))
+    other.llm_engine.shutdown()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", other_port))  # free again

@@ -76,7 +76,6 @@ class TcpConnectorScheduler(KVConnectorScheduler):
         rid = request.request_id
         if not (self.is_consumer and params.get("do_remote_prefill")) or rid in self._pulled:
             return 0, False
-        self._pulled.add(rid)  # once: after a preemption the request computes its prompt
         remote = min(_as_int(params.get("remote_num_tokens")), request.num_prompt_tokens - 1)
         self.stats.external_queries += request.num_prompt_tokens - num_computed_tokens
         num = max(0, remote - num_computed_tokens)
@@ -87,6 +86,7 @@ class TcpConnectorScheduler(KVConnectorScheduler):
         self, request: ConnectorRequest, block_ids: list[int], num_external_tokens: int
     ) -> None:
         params = request.kv_transfer_params or {}
+        self._pulled.add(request.request_id)  # once: after a preemption it computes its prompt
         num_computed = getattr(request, "num_computed_tokens", 0)
         first = num_computed // self.block_size
         end = num_computed + num_external_tokens

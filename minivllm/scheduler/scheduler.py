@@ -346,10 +346,9 @@ class Scheduler:
             return False  # preempted while a batch of it ran: resume once that batch is back
         remote_kv = self.remote_kv
         if remote_kv is not None and remote_kv.holds_blocks(request):
-            hit_blocks, num_hit = (
-                KVCacheBlocks.empty(self.kv_cache_manager.num_groups),
-                (request.num_computed_tokens),
-            )
+            # Back from a load: it holds its blocks, its loaded tokens are computed.
+            hit_blocks = KVCacheBlocks.empty(self.kv_cache_manager.num_groups)
+            num_hit = request.num_computed_tokens
         else:
             hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
             if remote_kv is not None:

@@ -5,7 +5,7 @@ by a freshly started engine.  Greedy outputs of every pass are checked against t
 first pass of the run without the tier.
 
     python benchmarks/kv_offload.py
-    python benchmarks/kv_offload.py --num-prompts 32 --prompt-len 400 --shared 128 --pool-blocks 64
+    python benchmarks/kv_offload.py --num-prompts 32 --prompt-len 400 --shared 128 --pool-blocks 64 --max-model-len 512
 """
 
 from __future__ import annotations
@@ -41,6 +41,19 @@ def run_pass(llm: LLM, prompts: list[dict[str, Any]]) -> tuple[list[list[int]], 
     return [list(o.outputs[0].token_ids) for o in outs], computed, seconds
 
 
+class Rows:
+    """Prints each run's row as soon as it is measured."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+    def append(self, row: tuple[str, int, float, bool]) -> None:
+        name, computed, seconds, same = row
+        share = f"{100 * computed / self.total:.1f}%"
+        print(f"{name:30} {computed:9d} {share:>9} {seconds:8.2f}  {'same' if same else 'DIFFER'}",
+              flush=True)  # fmt: skip
+
+
 def engine(args: argparse.Namespace, **kwargs: Any) -> LLM:
     return LLM(
         optimization_level=0,
@@ -53,14 +66,18 @@ def engine(args: argparse.Namespace, **kwargs: Any) -> LLM:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--prompt-len", type=int, default=400)
-    parser.add_argument("--shared", type=int, default=128)
-    parser.add_argument("--pool-blocks", type=int, default=64)
-    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--shared", type=int, default=64)
+    parser.add_argument("--pool-blocks", type=int, default=40)
+    parser.add_argument("--max-model-len", type=int, default=320)
     parser.add_argument("--offload-gib", type=float, default=1.0)
     args = parser.parse_args()
     prompts = make_prompts(args.num_prompts, args.prompt_len, args.shared)
-    rows = []
+    total = args.num_prompts * args.prompt_len
+    print(f"{args.num_prompts} prompts x {args.prompt_len} tokens ({args.shared} shared), "
+          f"KV pool {args.pool_blocks} blocks; {total} prompt tokens per pass")  # fmt: skip
+    print(f"{'run':30} {'computed':>9} {'of prompt':>9} {'seconds':>8}  outputs", flush=True)
+    rows = Rows(total)
     llm = engine(args)
     reference, computed, seconds = run_pass(llm, prompts)
     rows.append(("no tier, pass 1", computed, seconds, True))
@@ -82,13 +99,6 @@ def main() -> None:
             rows.append((name, computed, seconds, outs == reference))
             del llm
             gc.collect()
-    total = args.num_prompts * args.prompt_len
-    print(f"{args.num_prompts} prompts x {args.prompt_len} tokens ({args.shared} shared), "
-          f"KV pool {args.pool_blocks} blocks; {total} prompt tokens per pass")  # fmt: skip
-    print(f"{'run':30} {'computed':>9} {'of prompt':>9} {'seconds':>8}  outputs")
-    for name, computed, seconds, same in rows:
-        share = f"{100 * computed / total:.1f}%"
-        print(f"{name:30} {computed:9d} {share:>9} {seconds:8.2f}  {'same' if same else 'DIFFER'}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ keeps its blocks until the load ends, as the worker may still be writing them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from minivllm.kv_cache.blocks import KVCacheBlocks
@@ -52,8 +53,13 @@ class RemoteKV:
         if num_external <= 0:
             return None
         num_external = min(num_external, request.num_tokens - 1 - num_hit)
-        if num_external <= 0 or self.manager.allocate_slots(request, num_external, hits) is None:
-            return False if num_external > 0 else None
+        if num_external <= 0:
+            return None
+        # Blocks for the whole prompt, not only the loaded part: a loaded request then
+        # needs no new block to run, so requests holding loaded KV can never wait on
+        # each other for room.
+        if self.manager.allocate_slots(request, request.num_tokens - num_hit, hits) is None:
+            return False
         request.num_computed_tokens = num_hit
         block_ids = self.manager.get_block_ids(request.request_id)
         self.connector.update_state_after_alloc(request, block_ids, num_external)
@@ -116,6 +122,11 @@ class RemoteKV:
             request, self.manager.get_block_ids(request.request_id)
         )
         return params
+
+    def holds_blocks_for_loads(self, waiting: Iterable[Request]) -> bool:
+        """Whether blocks are held by loads or by loaded requests waiting to run (they
+        come back: a request short of room waits for them instead of failing)."""
+        return bool(self.loading or self.aborted) or any(self.holds_blocks(r) for r in waiting)
 
     def has_work(self) -> bool:
         return bool(self.loading or self.aborted or self._reports)

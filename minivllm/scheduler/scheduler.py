@@ -378,8 +378,10 @@ class Scheduler:
         ):
             blocks = self._allocate(request, num_new, hit_blocks)
         if blocks is None:
-            if self.running:
-                return False  # blocks come back as running requests finish
+            if self.running or (
+                remote_kv is not None and remote_kv.holds_blocks_for_loads(self.waiting)
+            ):
+                return False  # blocks come back as running (or loading) requests finish
             # Every block is free and it still does not fit: it never will.
             self.waiting.pop()
             self.running.append(request)

@@ -93,6 +93,46 @@ class RequestSpecDecodeStats:
 
 
 @dataclass
+class PromptTokenStats:
+    """Where each admitted request's prompt tokens came from (cumulative, in tokens;
+    counted once per request, at its first admission): vLLM's
+    ``vllm:prompt_tokens_by_source``."""
+
+    local_compute: int = 0
+    local_cache_hit: int = 0
+    external_kv_transfer: int = 0
+
+
+@dataclass
+class KVConnectorStats:
+    """Cumulative counts of a KV connector (transfers between the KV pool and the
+    outside: a storage directory, the offload tier, another engine)."""
+
+    num_loaded_blocks: int = 0
+    num_loaded_bytes: int = 0
+    load_time_s: float = 0.0
+    """Seconds spent reading and copying blocks in."""
+    num_saved_blocks: int = 0
+    num_saved_bytes: int = 0
+    save_time_s: float = 0.0
+    num_failed_loads: int = 0
+    """Requests whose load failed (the producer was unreachable, a file was corrupt)."""
+    num_corrupt_blocks: int = 0
+    """Stored blocks whose checksum or layout did not match (treated as misses)."""
+    external_queries: int = 0
+    """Prompt tokens looked up in the connector (vLLM's external prefix cache)."""
+    external_hits: int = 0
+    """Of those, tokens the connector held."""
+
+    def add(self, other: KVConnectorStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def copy(self) -> KVConnectorStats:
+        return KVConnectorStats(**{n: getattr(self, n) for n in self.__dataclass_fields__})
+
+
+@dataclass
 class SchedulerStats:
     """A snapshot for metrics; the prefix-cache and preemption counts are cumulative."""
 
@@ -112,6 +152,10 @@ class SchedulerStats:
     """LoRA adapter name -> running requests that use it."""
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
     """LoRA adapter name -> waiting requests that use it."""
+    prompt_token_stats: PromptTokenStats | None = None
+    """Cumulative prompt tokens by source."""
+    kv_connector_stats: KVConnectorStats | None = None
+    """Cumulative KV connector counts; None without a connector."""
 
 
 @dataclass
@@ -149,6 +193,8 @@ class IterationStats:
 __all__ = [
     "FinishedRequestStats",
     "IterationStats",
+    "KVConnectorStats",
+    "PromptTokenStats",
     "RequestSpecDecodeStats",
     "SchedulerStats",
     "SpecDecodingStats",

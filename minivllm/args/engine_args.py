@@ -54,6 +54,7 @@ ROOT_FIELDS = frozenset(
         "shutdown_timeout",
         "speculative_config",
         "kv_events_config",
+        "kv_transfer_config",
     }
 )
 """`VllmConfig` fields that are engine arguments (the sub-configs below are built apart)."""
@@ -143,6 +144,9 @@ class EngineArgs:
     enable_lora: bool = False
     """Serve LoRA adapters (builds `LoRAConfig` from the LoRA arguments; without it
     they are ignored, as in vLLM)."""
+    kv_transfer_config: dict[str, Any] | None = None
+    """KV connector as a JSON object, e.g. ``{"kv_connector": "ExampleConnector",
+    "kv_role": "kv_both"}`` (see `KVTransferConfig`); None: none."""
 
     def __post_init__(self) -> None:
         # A config-valued argument is always a config object, as in vLLM: None gives the

@@ -15,6 +15,7 @@ from minivllm.config.compilation import *  # noqa: F403
 from minivllm.config.device import DeviceConfig
 from minivllm.config.kernel import IrOpPriorityConfig, KernelConfig
 from minivllm.config.kv_events import KVEventsConfig
+from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
 from minivllm.config.lora import LoRAConfig
@@ -33,7 +34,6 @@ from minivllm.config.unsupported.diffusion import DiffusionConfig
 from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
 from minivllm.config.unsupported.ec_transfer import ECTransferConfig
 from minivllm.config.unsupported.engram import EngramConfig
-from minivllm.config.unsupported.kv_transfer import KVTransferConfig
 from minivllm.config.unsupported.mamba import MambaConfig
 from minivllm.config.unsupported.offload import (
     OffloadConfig,

@@ -124,9 +124,12 @@ class CacheConfig:
     """KV cache size per device in bytes. When set, `gpu_memory_utilization` is
     ignored for sizing the cache."""
     kv_offloading_size: float | None = None
-    """GiB of host memory for offloading KV blocks (unsupported: only None)."""
+    """GiB of the second KV tier that blocks evicted from the KV pool go to and come
+    back from on a prefix hit (None: no offloading).  It resolves into a
+    `KVTransferConfig` with the OffloadingConnector (native backend)."""
     kv_offloading_backend: KVOffloadingBackend = "native"
-    """Backend that offloads KV blocks when `kv_offloading_size` is set."""
+    """Backend that offloads KV blocks when `kv_offloading_size` is set: "native"
+    (minivllm's OffloadingConnector); "lmcache" is refused (LMCache does not run here)."""
 
     # Filled in after memory profiling.
     num_gpu_blocks: int | None = field(default=None, init=False)
@@ -180,6 +183,16 @@ class CacheConfig:
                 f"prefix_cache_retention_interval must be >= 0 or None, got {interval}; "
                 "use 0 (the default) or None"
             )
+        if self.kv_offloading_size is not None and self.kv_offloading_size <= 0:
+            raise ValueError(
+                f"kv_offloading_size must be a positive number of GiB, got "
+                f"{self.kv_offloading_size}; leave it unset to turn offloading off"
+            )
+        if self.kv_offloading_backend not in get_args(KVOffloadingBackend):
+            raise ValueError(
+                f"kv_offloading_backend must be one of {list(get_args(KVOffloadingBackend))}, "
+                f"got {self.kv_offloading_backend!r}"
+            )
         for name in ("num_gpu_blocks_override", "cpu_kvcache_space_bytes", "kv_cache_memory_bytes"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -220,8 +233,6 @@ class CacheConfig:
             )
         if self.cpu_offload_gb > 0:
             problems.append(f"cpu_offload_gb={self.cpu_offload_gb} (weight offloading; use 0)")
-        if self.kv_offloading_size is not None:
-            problems.append(f"kv_offloading_size={self.kv_offloading_size} (KV offloading)")
         if self.prefix_cache_retention_interval:
             problems.append(
                 f"prefix_cache_retention_interval={self.prefix_cache_retention_interval} "

@@ -7,7 +7,8 @@ scheduling, enforce_eager and TORCH_COMPILE_DISABLE, platform defaults, the defa
 compilation mode and custom ops, op priorities, the optimization-level defaults, the
 attention backend, static-graph support and CUDA graph capture sizes, the platform's
 own checks, compile ranges, splitting ops, the CUDA graph mode the attention backend
-supports, and the hybrid KV cache manager.  This docstring and `resolve` are the one
+supports, the connector ``kv_offloading_size`` stands for, and the hybrid KV cache
+manager.  This docstring and `resolve` are the one
 statement of that order.  Every step runs inside ``_step(prov, source, rule, why)``, which records
 the fields it changed, so ``explain()`` tells who set each value and why.  The
 individual rules live in `minivllm.config.vllm_rules`; this module is the order.
@@ -180,6 +181,9 @@ def _resolve_graphs(cfg: VllmConfig, prov: Provenance, breakable: bool) -> None:
 
 def _resolve_cache_manager(cfg: VllmConfig, prov: Provenance) -> None:
     """The hybrid KV cache manager, then the last checks and the enabled passes' log."""
+    with _step(prov, "rule", "_post_init_kv_transfer_config", "kv_offloading_size is set"):
+        rules.post_init_kv_transfer_config(cfg)
+    rules.check_kv_connector(cfg)
     with _step(prov, "rule", "hybrid_kv_cache_manager", _hma_why()):
         rules.resolve_hybrid_kv_cache_manager(cfg)
     with _step(prov, "rule", "debug_dump_path", "made absolute"):

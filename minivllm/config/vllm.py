@@ -33,6 +33,7 @@ from minivllm.config.compilation.modes import CUDAGraphMode
 from minivllm.config.device import DeviceConfig
 from minivllm.config.kernel import KernelConfig
 from minivllm.config.kv_events import KVEventsConfig
+from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.load import LoadConfig
 from minivllm.config.logging import LoggingConfig
 from minivllm.config.lora import LoRAConfig
@@ -65,7 +66,6 @@ from minivllm.config.unsupported.diffusion import DiffusionConfig
 from minivllm.config.unsupported.ec_manager import EncoderCacheManagerConfig
 from minivllm.config.unsupported.ec_transfer import ECTransferConfig
 from minivllm.config.unsupported.engram import EngramConfig
-from minivllm.config.unsupported.kv_transfer import KVTransferConfig
 from minivllm.config.unsupported.mamba import MambaConfig
 from minivllm.config.unsupported.offload import OffloadConfig
 from minivllm.config.unsupported.watermark import WatermarkConfig
@@ -164,7 +164,8 @@ class VllmConfig:
     profiler_config: ProfilerConfig = field(default_factory=ProfilerConfig)
     """Profiling configuration."""
     kv_transfer_config: KVTransferConfig | None = None
-    """Distributed KV cache transfer (unsupported: must stay None)."""
+    """KV connector (offloading tier, disaggregated prefill); None: none, unless
+    ``cache_config.kv_offloading_size`` resolves into one."""
     kv_events_config: KVEventsConfig | None = None
     """KV cache events (blocks stored / removed) published for prefix-aware routers, e.g.
     {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"} (see KVEventsConfig);

@@ -12,10 +12,9 @@ not have and the config that would switch it on cannot be set (its sub-config's
   ``_set_max_num_scheduled_tokens``, async scheduling per SD method, cascade
   attention off with async SD, EAGLE with fast prefill or chunked local
   attention, DFlash/DSpark runner checks, adaptive verification;
-- KV transfer / connectors / NIXL / EC transfer: NIXL DCP asserts,
-  connector-requires-PIECEWISE, HMA support of connectors, kv_offloading-derived
-  connectors, ``_verify_kv_transfer_compat`` (the KV-events warnings are
-  `KVEventsConfig.warn_inert`, called with the unused-settings warnings);
+- NIXL / EC transfer: NIXL DCP asserts, connector-requires-PIECEWISE (minivllm's
+  connectors move KV outside the forward pass); the KV-events warnings are
+  `KVEventsConfig.warn_inert`, called with the unused-settings warnings;
 - DBO / micro-batching, DeepEP and MoonEP all2all backends, EPLB (MoE);
 - multimodal encoders: encoder-only instances, mm processor / video devices,
   encoder CUDA graphs, ``language_model_only``, ``torch_shm``;
@@ -323,6 +322,9 @@ def resolve_hybrid_kv_cache_manager(cfg: VllmConfig) -> None:
         # Chunked local attention regresses with the hybrid manager.
         logger.warning("Chunked local attention: the hybrid KV cache manager is turned off.")
         need_disable = True
+    if cfg.kv_transfer_config is not None and cfg.kv_transfer_config.kv_connector is not None:
+        # minivllm's connectors move one block table per request (no HMA support).
+        need_disable = True
     sched = cfg.scheduler_config
     if sched.disable_hybrid_kv_cache_manager is None:
         sched.disable_hybrid_kv_cache_manager = need_disable
@@ -332,6 +334,60 @@ def resolve_hybrid_kv_cache_manager(cfg: VllmConfig) -> None:
             f"(platform {current_platform!r}, or chunked local attention); drop "
             "--no-disable-hybrid-kv-cache-manager and let minivllm decide."
         )
+
+
+def post_init_kv_transfer_config(cfg: VllmConfig) -> None:
+    """``kv_offloading_size`` resolves into an OffloadingConnector ``KVTransferConfig``
+    (the seeds' ``_post_init_kv_transfer_config``); "lmcache" is refused."""
+    from minivllm.config.kv_transfer import KVTransferConfig, resolve_kv_offloading
+
+    cache = cfg.cache_config
+    if cache.kv_offloading_size is None:
+        return
+    extra = resolve_kv_offloading(cache.kv_offloading_size, cache.kv_offloading_backend)
+    if cfg.kv_transfer_config is None:
+        cfg.kv_transfer_config = KVTransferConfig()
+    cfg.kv_transfer_config.kv_connector = "OffloadingConnector"
+    cfg.kv_transfer_config.kv_connector_extra_config.update(extra)
+    cfg.kv_transfer_config.kv_role = "kv_both"
+
+
+def check_kv_connector(cfg: VllmConfig) -> None:
+    """A connector runs on one process and needs the prompt's block hashes."""
+    kv = cfg.kv_transfer_config
+    if kv is None or kv.kv_connector is None:
+        return
+    parallel = cfg.parallel_config
+    if parallel.world_size > 1:
+        raise ValueError(
+            f"KV connector {kv.kv_connector} is not supported by minivllm yet with tensor or "
+            f"pipeline parallelism (tensor_parallel_size={parallel.tensor_parallel_size}, "
+            f"pipeline_parallel_size={parallel.pipeline_parallel_size}); run on one process."
+        )
+    if cfg.speculative_config is not None:
+        raise ValueError(
+            f"KV connector {kv.kv_connector} is not supported by minivllm yet with "
+            "speculative decoding; drop --speculative-config."
+        )
+    verify_kv_transfer_compat(cfg)
+
+
+def verify_kv_transfer_compat(cfg: VllmConfig) -> None:
+    """The seeds' ``_verify_kv_transfer_compat``: CUDA's expandable segments may remap
+    the KV cache's pages under a connector that registered them."""
+    kv = cfg.kv_transfer_config
+    if kv is None or kv.kv_connector is None:
+        return
+    if "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        return
+    if cfg.model_config is not None and cfg.model_config.enable_cumem_allocator:
+        return
+    raise ValueError(
+        f"KV connector {kv.kv_connector} is incompatible with "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless enable_cumem_allocator is "
+        "on: the allocator may remap the KV cache's memory under the connector. Unset "
+        "expandable_segments:True or enable the cumem allocator."
+    )
 
 
 def absolutize_debug_dump_path(cfg: VllmConfig) -> None:

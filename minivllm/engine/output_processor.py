@@ -46,6 +46,8 @@ class ParentRequest:
     num_cached_tokens: int = 0
     error: str | None = None
     """Set when a child failed (finish_reason "error"); the whole request fails."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """The KV connector's parameters for the response (disaggregated prefill)."""
 
 
 @dataclass
@@ -160,6 +162,8 @@ class OutputProcessor:
             self._add_prompt_logprobs(state.parent, eco)
             if eco.num_cached_tokens:
                 state.parent.num_cached_tokens = eco.num_cached_tokens
+            if eco.kv_transfer_params is not None:
+                state.parent.kv_transfer_params = eco.kv_transfer_params
             if state.detokenizer is not None and eco.new_token_ids:
                 stop_terminated = finish_reason == "stop" and not isinstance(stop_reason, str)
                 matched = state.detokenizer.update(eco.new_token_ids, stop_terminated)
@@ -280,6 +284,7 @@ class OutputProcessor:
             finished=all_done,
             num_cached_tokens=parent.num_cached_tokens,
             error=parent.error,
+            kv_transfer_params=parent.kv_transfer_params,
         )
 
     def remove_request(self, request_id: str) -> None:

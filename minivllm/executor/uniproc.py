@@ -52,7 +52,11 @@ class UniProcExecutor:
         return True
 
     def shutdown(self) -> None:
-        """Nothing to stop for an in-process worker."""
+        """An in-process worker only has its KV connector to stop (its server, its
+        load thread)."""
+        connector = self.worker.model_runner.kv_connector
+        if connector is not None:
+            connector.shutdown()
 
 
 def finish_kv_cache_sizing(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from minivllm.kv_transfer.base import KVConnectorMetadata, KVConnectorOutput
     from minivllm.sampling_params import SamplingParams
     from minivllm.stats import RequestSpecDecodeStats
 
@@ -76,6 +77,9 @@ class SchedulerOutput:
     num_spec_tokens_to_propose: int = 0
     """Draft tokens the worker proposes for each request that samples this step
     (0: none, e.g. speculation is off or disabled by the batch size)."""
+    kv_connector_metadata: KVConnectorMetadata | None = None
+    """What the KV connector's worker half loads and saves this step (None: no
+    connector)."""
 
     @property
     def is_empty(self) -> bool:
@@ -108,6 +112,8 @@ class ModelRunnerOutput:
     """Requests the worker could not run because their own inputs failed (e.g. building
     their sampling generator raised), each with the error; they are not in req_ids, and
     the rest of the batch ran as usual."""
+    kv_connector_output: KVConnectorOutput | None = None
+    """The KV connector's report: loads that ended, the step's transfer counts."""
 
 
 @dataclass
@@ -135,6 +141,9 @@ class EngineCoreOutput:
     pooling_output: Any = None
     """A pooling request's pooled output (set when its prompt finished)."""
     """Why the request failed (finish_reason "error"); None otherwise."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """The KV connector's parameters for the response (e.g. where a decode instance
+    fetches this prefill's KV)."""
 
     @property
     def finished(self) -> bool:

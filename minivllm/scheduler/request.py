@@ -18,6 +18,8 @@ class RequestStatus(enum.IntEnum):
     """Life cycle of a request; every status after PREEMPTED is final."""
 
     WAITING = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    """Its KV blocks are allocated and a KV connector is loading them."""
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()
@@ -102,6 +104,11 @@ class Request:
         `CachedRequestData.new_token_ids`)."""
         self.lora_request = lora_request
         """The request's LoRA adapter (a `LoRARequest`; opaque here), or None."""
+        extra = sampling_params.extra_args or {}
+        self.kv_transfer_params: dict[str, Any] | None = extra.get("kv_transfer_params")
+        """What the KV connector reads (vLLM's ``kv_transfer_params``, e.g. from a proxy)."""
+        self.kv_transfer_params_out: dict[str, Any] | None = None
+        """What the KV connector returns with the finished request's response."""
         self.block_hashes: list[BlockHash] = []
         self.block_hasher = block_hasher
         self.update_block_hashes()

@@ -27,6 +27,7 @@ from typing import Any
 
 from minivllm.kv_cache.blocks import KVCacheBlocks
 from minivllm.kv_cache.manager import KVCacheManager
+from minivllm.kv_transfer.base import KVConnectorScheduler
 from minivllm.logger import init_logger
 from minivllm.math_utils import cdiv
 from minivllm.scheduler.config_view import SchedulingConfig
@@ -38,11 +39,12 @@ from minivllm.scheduler.output import (
     NewRequestData,
     SchedulerOutput,
 )
+from minivllm.scheduler.remote_kv import RemoteKV, count_prompt_sources
 from minivllm.scheduler.request import Request, RequestStatus, check_stop
 from minivllm.scheduler.request_queue import make_request_queue
 from minivllm.scheduler.spec_decode import SpecDecodeState
 from minivllm.scheduler.step import StepPlan
-from minivllm.stats import SchedulerStats
+from minivllm.stats import PromptTokenStats, SchedulerStats
 
 logger = init_logger(__name__)
 
@@ -50,10 +52,23 @@ logger = init_logger(__name__)
 class Scheduler:
     """Decides each step's batch and applies the model's results to the requests."""
 
-    def __init__(self, kv_cache_manager: KVCacheManager, options: SchedulerOptions) -> None:
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        options: SchedulerOptions,
+        connector: KVConnectorScheduler | None = None,
+        kv_load_failure_policy: str = "fail",
+    ) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.options = options
         """Limits and policies (validated when the options were made)."""
+        self.remote_kv = (
+            None
+            if connector is None
+            else RemoteKV(connector, kv_cache_manager, kv_load_failure_policy)
+        )
+        """The KV connector's requests in flight (None: no connector)."""
+        self.prompt_token_stats = PromptTokenStats()
         self._init_request_state()
         self.spec = self._make_spec_decode_state()
         """Speculative decoding: draft limits, rollback, acceptance counts (None: off)."""
@@ -110,7 +125,12 @@ class Scheduler:
             max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
             enable_kv_cache_events=bool(events and events.enable_kv_cache_events),
         )
-        return cls(manager, options)
+        from minivllm.kv_transfer.scheduler_side import make_scheduler_connector
+
+        connector = make_scheduler_connector(vllm_config)
+        kv = getattr(vllm_config, "kv_transfer_config", None)
+        policy = kv.kv_load_failure_policy if kv is not None else "fail"
+        return cls(manager, options, connector, policy)
 
     # -- requests in and out ------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -125,7 +145,9 @@ class Scheduler:
         )
         if request.max_tokens is None:
             request.max_tokens = max(1, self.options.max_model_len - request.num_prompt_tokens)
-        if request.block_hasher is None and self.kv_cache_manager.enable_caching:
+        if request.block_hasher is None and (
+            self.kv_cache_manager.enable_caching or self.remote_kv is not None
+        ):
             request.block_hasher = self.kv_cache_manager.block_hasher
             request.update_block_hashes()
         request.status = RequestStatus.WAITING
@@ -177,12 +199,21 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
+            elif request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                assert self.remote_kv is not None
+                self.remote_kv.abort(request)  # its blocks go when the load ends
+                request.status = status
+                del self.requests[rid]
+                self.finished_req_ids.add(rid)
+                continue
             else:
                 self.waiting.remove(request)
             request.status = status
             self._free_request(request)
 
     def _free_request(self, request: Request) -> None:
+        if self.remote_kv is not None:
+            request.kv_transfer_params_out = self.remote_kv.finished(request)
         self.kv_cache_manager.free(request)
         if self.spec is not None:
             self.spec.forget(request)
@@ -192,6 +223,8 @@ class Scheduler:
     # -- one step -------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Choose this step's tokens, allocating (and if needed preempting) KV blocks."""
+        if self.remote_kv is not None:
+            self._admit_loaded(self.remote_kv)
         step = self._plan_step()
         self._schedule_running(step)
         # A preemption means the cache is full: admitting new work would only thrash.
@@ -209,7 +242,22 @@ class Scheduler:
             request.num_in_flight_batches += 1
         if scheduled:
             self._in_flight[id(output)] = (output, scheduled)
+        if self.remote_kv is not None:
+            output.kv_connector_metadata = self.remote_kv.build_meta(scheduled)
         return output
+
+    def _admit_loaded(self, remote_kv: RemoteKV) -> None:
+        """Requests whose KV load ended go back to the front of the queue; those whose
+        load failed end with the error."""
+        ready, failed = remote_kv.collect()
+        for request in reversed(ready):
+            self.waiting.add_preempted(request)
+        for request, error in failed:
+            request.status = RequestStatus.FINISHED_ERROR
+            self._free_request(request)
+            output = self._make_output(request, [], None, None)
+            output.error = f"loading the request's KV cache failed: {error}"
+            self._pending_outputs.append(output)
 
     def _plan_step(self) -> StepPlan:
         opts = self.options
@@ -306,7 +354,19 @@ class Scheduler:
         opts = self.options
         if request.num_in_flight_batches:
             return False  # preempted while a batch of it ran: resume once that batch is back
-        hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+        remote_kv = self.remote_kv
+        if remote_kv is not None and remote_kv.holds_blocks(request):
+            # Back from a load: it holds its blocks, its loaded tokens are computed.
+            hit_blocks = KVCacheBlocks.empty(self.kv_cache_manager.num_groups)
+            num_hit = request.num_computed_tokens
+        else:
+            hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            if remote_kv is not None:
+                started = remote_kv.start_load(request, hit_blocks, num_hit)
+                if started is not None:
+                    if started:
+                        self.waiting.pop()  # it waits for its KV; the next one may run
+                    return started
         num_new = self._cap_long_prefill(request.num_tokens - num_hit)
         if num_new > step.budget:
             # Without chunking a prompt runs whole, so it waits for a roomier step;
@@ -328,8 +388,10 @@ class Scheduler:
         ):
             blocks = self._allocate(request, num_new, hit_blocks)
         if blocks is None:
-            if self.running:
-                return False  # blocks come back as running requests finish
+            if self.running or (
+                remote_kv is not None and remote_kv.holds_blocks_for_loads(self.waiting)
+            ):
+                return False  # blocks come back as running (or loading) requests finish
             # Every block is free and it still does not fit: it never will.
             self.waiting.pop()
             self.running.append(request)
@@ -341,6 +403,8 @@ class Scheduler:
         request.num_computed_tokens = num_hit
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_hit
+            external = self.remote_kv.external_tokens.get(request.request_id, 0) if remote_kv else 0
+            count_prompt_sources(self.prompt_token_stats, request, num_hit, external)
         step.add_new(request, num_new, is_partial, is_long)
         return True
 
@@ -455,6 +519,8 @@ class Scheduler:
         outputs, self._pending_outputs = self._pending_outputs, []
         # The request objects this batch ran (a later request may reuse a finished id).
         ran: dict[str, Request] | None = None
+        if self.remote_kv is not None:
+            self.remote_kv.record(model_runner_output.kv_connector_output)
         batch = self._in_flight.pop(id(scheduler_output), None)
         if batch is not None:
             ran = {r.request_id: r for r in batch[1]}
@@ -530,18 +596,21 @@ class Scheduler:
             new_prompt_logprobs=prompt_logprobs,
             num_preemptions=request.num_preemptions,
             spec_decode=request.spec_decode,
+            kv_transfer_params=request.kv_transfer_params_out,
         )
 
     # -- state for the engine loop and metrics -----------------------------------
     def has_unfinished_requests(self) -> bool:
-        return len(self.running) + len(self.waiting) > 0
+        loading = self.remote_kv is not None and self.remote_kv.has_work()
+        return len(self.running) + len(self.waiting) > 0 or loading
 
     def has_finished_requests(self) -> bool:
         """Whether finished ids are waiting to be sent to the worker by the next step."""
         return bool(self.finished_req_ids)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
+        loading = len(self.remote_kv.loading) if self.remote_kv is not None else 0
+        return len(self.running) + len(self.waiting) + loading
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
@@ -559,6 +628,8 @@ class Scheduler:
             spec_decoding_stats=self.spec.stats.copy() if self.spec else None,
             running_lora_adapters=_count_adapters(self.running),
             waiting_lora_adapters=_count_adapters(self.waiting),
+            prompt_token_stats=PromptTokenStats(**vars(self.prompt_token_stats)),
+            kv_connector_stats=self.remote_kv.cumulative_stats() if self.remote_kv else None,
         )
 
 

@@ -27,6 +27,7 @@ from minivllm.attention.paged_kv import (
 from minivllm.config.vllm import set_current_vllm_config
 from minivllm.distributed import get_pp_group, get_world_group, output_rank
 from minivllm.kv_cache.groups import KVCacheGroups, plan_kv_cache_groups
+from minivllm.kv_transfer.worker_side import make_worker_connector, run_with_connector
 from minivllm.logger import init_logger
 from minivllm.lora.manager import LoRAManager, make_lora_manager
 from minivllm.model_executor.custom_op import op_registry
@@ -93,6 +94,8 @@ class ModelRunner:
         """Whether this rank samples (and its output is the step's result)."""
         self.pooling: PoolingRunner | None = None
         """Pooling models (``runner="pooling"``): pools instead of sampling."""
+        self.kv_connector = make_worker_connector(vllm_config)
+        """The KV connector's worker half (None: no connector)."""
 
     # -- set-up -------------------------------------------------------------
     def load_model(self) -> None:
@@ -177,6 +180,10 @@ class ModelRunner:
         # Layers of different groups share a tensor: a block id is used by one group.
         per_layer = [self.kv_caches[slot] for slot in groups.layer_slot]
         bind_kv_caches(self.attn_layers, per_layer, groups.layer_group)
+        if self.kv_connector is not None:
+            self.kv_connector.register_kv_caches(
+                dict(zip(self.attn_layers, per_layer, strict=True))
+            )
         if self.spec is not None:
             self.spec.initialize_kv_cache(num_blocks, self.block_size)
         assert self.forward_runner is not None, "load_model() first"
@@ -231,6 +238,12 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; requests are processed in the scheduler's order."""
+        connector = self.kv_connector
+        if connector is None:
+            return self._execute_model(scheduler_output)
+        return run_with_connector(connector, scheduler_output, self._execute_model)
+
+    def _execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         assert self.model is not None and self.forward_runner is not None, "load_model() first"
         failed = self._update_states(scheduler_output)
         req_ids = [r for r in scheduler_output.num_scheduled_tokens if r not in failed]

@@ -109,7 +109,6 @@ def test_sliding_window_with_prefix_caching_is_allowed() -> None:
         {"mamba_cache_mode": "all"},
         {"mamba_block_size": 256},
         {"use_replayssm": True},
-        {"kv_offloading_size": 4.0},
     ],
 )
 def test_unsupported_cache_settings(kwargs: dict) -> None:
@@ -120,8 +119,8 @@ def test_unsupported_cache_settings(kwargs: dict) -> None:
 def test_check_supported_sees_later_assignments() -> None:
     c = CacheConfig()
     c.check_supported()
-    c.kv_offloading_size = 1.0
-    with pytest.raises(ValueError, match="kv_offloading_size"):
+    c.mamba_block_size = 256
+    with pytest.raises(ValueError, match="mamba_block_size"):
         c.check_supported()
 
 

@@ -40,6 +40,11 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "minivllm.entrypoints.cli.serve",
         "Serve a model over an OpenAI-compatible HTTP API.",
     ),
+    (
+        "disagg-proxy",
+        "minivllm.entrypoints.cli.disagg_proxy",
+        "Disaggregated prefill: each request to a prefill instance, then a decode one.",
+    ),
     ("bench", "minivllm.entrypoints.bench.cli", "Benchmark throughput, latency, serving, start-up"),
 ]
 """(name, module, one-line help) of every subcommand; modules are imported lazily."""

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from minivllm.config.cache import CacheConfig
+from minivllm.entrypoints.openai.kv_metrics import KVTransferMetrics
 from minivllm.stats import IterationStats, SchedulerStats, SpecDecodingStats
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -50,6 +51,7 @@ class PrometheusStatLogger:
         self._add_token_counters(make)
         self._add_latency_histograms(make)
         self._add_request_histograms(make, max_model_len)
+        self._kv_transfer = KVTransferMetrics(make)
         self._cache_info = Info(
             "vllm:cache_config", "Information of the LLMEngine's CacheConfig.", registry=registry
         )
@@ -178,6 +180,7 @@ class PrometheusStatLogger:
                 waiting_lora_adapters=",".join(sorted(s.waiting_lora_adapters)),
                 running_lora_adapters=",".join(sorted(s.running_lora_adapters)),
             ).set_to_current_time()
+        self._kv_transfer.record(s)
 
         it = iteration_stats
         num_step_tokens = it.num_prompt_tokens + it.num_generation_tokens

@@ -194,6 +194,9 @@ class SamplingRequest(OpenAIRequest, StructuredOutputFields):
     thinking_token_budget: int | None = Field(None, ge=0)
     """Most tokens a reasoning model may think before its end marker is forced (needs
     --reasoning-parser)."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """For the KV connector (disaggregated prefill): ``{"do_remote_decode": true}`` on
+    the prefill instance, the prefill response's parameters on the decode instance."""
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this request; ValueError names the field at fault."""
@@ -227,6 +230,11 @@ class SamplingRequest(OpenAIRequest, StructuredOutputFields):
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
             structured_outputs=self.structured_outputs_of_request(),
             thinking_token_budget=self.thinking_token_budget,
+            extra_args=(
+                None
+                if self.kv_transfer_params is None
+                else {"kv_transfer_params": self.kv_transfer_params}
+            ),
         )
 
 
@@ -316,6 +324,8 @@ class CompletionResponse(OpenAIBaseModel):
     choices: list[CompletionResponseChoice]
     usage: UsageInfo
     system_fingerprint: str | None = SYSTEM_FINGERPRINT
+    kv_transfer_params: dict[str, Any] | None = None
+    """The KV connector's parameters (a prefill instance's: where to fetch its KV)."""
 
 
 class CompletionResponseStreamChoice(OpenAIBaseModel):
@@ -448,6 +458,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo
     system_fingerprint: str | None = SYSTEM_FINGERPRINT
     prompt_logprobs: PromptLogprobs | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    """The KV connector's parameters (a prefill instance's: where to fetch its KV)."""
 
 
 class DeltaMessage(OpenAIBaseModel):

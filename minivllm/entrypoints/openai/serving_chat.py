@@ -185,6 +185,7 @@ class OpenAIServingChat(OpenAIServing):
             choices=choices,
             usage=usage_of(num_prompt_tokens, num_completion_tokens),
             prompt_logprobs=None if request.prompt_logprobs is None else prompt_logprobs_of(final),
+            kv_transfer_params=final.kv_transfer_params,
         )
 
     def _choice(

@@ -138,6 +138,7 @@ class OpenAIServingCompletion(OpenAIServing):
             model=model,
             choices=choices,
             usage=usage_of(num_prompt_tokens, num_completion_tokens),
+            kv_transfer_params=finals[0].kv_transfer_params if finals else None,
         )
 
     def _stream(

@@ -26,7 +26,8 @@ the compiled call.
 One trace (a batch of 2 with 2 blocks per request, both marked dynamic) serves
 every batch size and context length, and runs without Dynamo's guards, like the
 piecewise forward.  It is traced and compiled when the KV cache is bound
-(start-up 4/4).  Steps that are not plain decode (prefill chunks, speculative
+(start-up 4/4); with the compile cache on, that trace is saved like the model
+forward's and a later start loads it (`minivllm.compilation.traced_call`).  Steps that are not plain decode (prefill chunks, speculative
 tokens, more than `DECODE_GRAPH_MAX_SEQS` requests) keep the piecewise forward.
 
 Used in the ``VLLM_COMPILE`` mode on CPU without tensor or pipeline parallelism,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from compile_helpers import make_llm, start
 
-from minivllm import SamplingParams
+from minivllm import SamplingParams, envs
 from minivllm.compilation.aot import AOT_FILE
 
 PROMPTS = [[1, 5, 9, 17, 33, 2, 7], [3], [100, 90, 80, 70, 60, 50, 40, 30, 20, 10, 11]]
@@ -55,7 +55,14 @@ def test_second_start_loads_the_decode_graph_trace(
         write_tiny_gguf(str(model), tie=True, num_layers=2, layer_type=GGMLQuantizationType.Q4_1)
     else:
         model = tiny_llama  # float layers: Inductor compiles the graph's pieces
-    monkeypatch.setenv("MINIVLLM_CACHE_ROOT", str(tmp_path / "root"))
+    # A fresh cache root for the compile cache; minivllm's C++ kernels (built once per
+    # session under the session's root) are shared, not built again.
+    root = tmp_path / "root"
+    root.mkdir()
+    kernels = envs.cache_root() / "kernels"
+    kernels.mkdir(parents=True, exist_ok=True)
+    (root / "kernels").symlink_to(kernels, target_is_directory=True)
+    monkeypatch.setenv("MINIVLLM_CACHE_ROOT", str(root))
     eager = greedy(make_llm(model, compilation_config={"mode": 0}, max_model_len=128))
 
     cold, cold_counts, cold_tokens = graph_start(model)

@@ -94,7 +94,7 @@ class ModelForward:
         self.backend = init_backend(vllm_config, prefix=prefix, use_aot_compile=allow_aot)
         trace_once = self.mode != CompilationMode.STOCK_TORCH_COMPILE
         backend = self.backend
-        forward = _private_forward(model)
+        forward = private_forward(model)
         directory = self.backend.aot_directory() if isinstance(self.backend, VllmBackend) else None
         if directory is not None:
             backend = CanonicalBackend(self.backend)
@@ -170,7 +170,7 @@ class ModelForward:
         return fn
 
 
-def _private_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
+def private_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
     """``model.forward`` bound to a code object of its own.
 
     Dynamo keeps its compiled entries on the code object, shared by every instance of
@@ -208,4 +208,10 @@ def timed_first_call(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-__all__ = ["ModelForward", "RecompilationError", "build_model_forward", "timed_first_call"]
+__all__ = [
+    "ModelForward",
+    "RecompilationError",
+    "build_model_forward",
+    "private_forward",
+    "timed_first_call",
+]

@@ -26,7 +26,8 @@ the compiled call.
 One trace (a batch of 2 with 2 blocks per request, both marked dynamic) serves
 every batch size and context length, and runs without Dynamo's guards, like the
 piecewise forward.  It is traced and compiled when the KV cache is bound
-(start-up 4/4).  Steps that are not plain decode (prefill chunks, speculative
+(start-up 4/4); with the compile cache on, that trace is saved like the model
+forward's and a later start loads it (`minivllm.compilation.traced_call`).  Steps that are not plain decode (prefill chunks, speculative
 tokens, more than `DECODE_GRAPH_MAX_SEQS` requests) keep the piecewise forward.
 
 Used in the ``VLLM_COMPILE`` mode on CPU without tensor or pipeline parallelism,
@@ -48,6 +49,7 @@ from minivllm.attention.forward_context import DecodeStep, set_forward_context
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.paged_kv import is_fp8, resolve_kv_cache_dtype
 from minivllm.compilation.backend import VllmBackend
+from minivllm.compilation.traced_call import trace_once
 from minivllm.config.compilation.modes import CompilationMode
 from minivllm.kernels import lowbit_cpu
 from minivllm.logger import init_logger
@@ -110,13 +112,10 @@ class CpuDecodeGraph:
         self.dtype: torch.dtype = vllm_config.model_config.dtype
         self.max_seqs = min(DECODE_GRAPH_MAX_SEQS, vllm_config.scheduler_config.max_num_seqs)
         self.block_size = vllm_config.cache_config.block_size
-        self.backend = VllmBackend(
-            vllm_config,
-            prefix="decode",
-            use_aot_compile=False,
-            splitting_ops=[LAYER_BOUNDARY_OP],
-            one_range=True,
-        )
+        self.vllm_config = vllm_config
+        self.backend: VllmBackend | None = None
+        """Compiles the traced graph (made at `warm_up`: its cache directory tells
+        whether minivllm's C++ kernels are in the graph)."""
         self.view: DecodeView | None = None
         """The model as the graph traces it (`decode_view`), made at `warm_up`."""
         self.native_attention = False
@@ -143,17 +142,11 @@ class CpuDecodeGraph:
         view, self.num_fused_layers = decode_view(self.model, self.dtype, self.native_attention)
         self.view = view
 
-        def decode_forward(ids: torch.Tensor, pos: torch.Tensor, ctx: Any) -> torch.Tensor:
-            return view(ids, pos, ctx)
-
-        # One trace serves every batch and context size: no guards, as the model
-        # forward runs (`minivllm.compilation.wrapper`).
-        self._fn = torch.compile(
-            decode_forward,
-            backend=self.backend,
-            fullgraph=True,
-            dynamic=False,
-            options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
+        self.backend = VllmBackend(
+            self.vllm_config,
+            prefix="decode_native" if self.native_attention else "decode",
+            splitting_ops=[LAYER_BOUNDARY_OP],
+            one_range=True,
         )
         b, groups = 2, range(self.num_groups)
         ids = torch.zeros(b, dtype=torch.long)
@@ -165,7 +158,10 @@ class CpuDecodeGraph:
             torch._dynamo.mark_dynamic(t, 0)
         for t in tables:
             torch._dynamo.mark_dynamic(t, 1)
-        self._call(ids, pos, None, DecodeStep(lens, tables, slots))
+        step = DecodeStep(lens, tables, slots)
+        with set_forward_context(None, self.attn_layers, decode_step=step) as ctx:
+            # Traced once (or its saved trace loaded) and run on the null block.
+            self._fn = trace_once(view, self.backend, (ids, pos, ctx))
         self.ready = True
         return time.perf_counter() - start
 

@@ -81,16 +81,19 @@ def free_local_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker_main(conn: Connection, parent_pid: int, args: tuple[Any, ...]) -> None:
-    """Body of a worker process: build the `RankWorker`, then serve calls until told
-    to stop or until the engine process is gone."""
+def _worker_main(
+    conn: Connection, parent_pid: int, args: tuple[Any, ...], factory: Any = RankWorker
+) -> None:
+    """Body of a worker process: build ``factory(*args)`` (a `RankWorker`; a whole
+    data-parallel engine replica for `minivllm.engine.dp_replica`), then serve calls
+    until told to stop or until the parent process is gone."""
     # Ctrl-C reaches the whole process group: the engine process decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     inbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
     reader = threading.Thread(target=_read_calls, args=(conn, parent_pid, inbox), daemon=True)
     reader.start()
     try:
-        worker = RankWorker(*args)
+        worker = factory(*args)
     except BaseException:
         conn.send(CallFailed(traceback.format_exc()))
         return
@@ -328,4 +331,17 @@ class MultiprocExecutor:
             self._failed = "the executor was shut down"
 
 
-__all__ = ["MultiprocExecutor", "RankWorker", "WorkerError"]
+serve_calls = _worker_main
+"""The public name of a spawned process's call loop (`_worker_main`)."""
+main_module_hidden = _main_module_hidden
+"""The public name of `_main_module_hidden`."""
+
+__all__ = [
+    "CallDone",
+    "CallFailed",
+    "MultiprocExecutor",
+    "RankWorker",
+    "WorkerError",
+    "main_module_hidden",
+    "serve_calls",
+]

@@ -83,14 +83,18 @@ class ProcessTransport:
             raise ReplicaDiedError(self._failed)
         ready = wait([self.conn, self.proc.sentinel])
         if self.conn not in ready and not self.conn.poll():
-            raise self._fail(f"it exited (code {self.proc.exitcode}) during {method!r}")
+            raise self._fail(self._exited(method))
         try:
             reply = self.conn.recv()
         except (EOFError, OSError) as exc:
-            raise self._fail(f"it exited (code {self.proc.exitcode}) during {method!r}") from exc
+            raise self._fail(self._exited(method)) from exc
         if isinstance(reply, CallFailed):
             raise self._fail(f"it raised during {method!r}:\n{reply.traceback}")
         return reply.value
+
+    def _exited(self, method: str) -> str:
+        self.proc.join(timeout=1.0)  # reap it, for its exit code
+        return f"its process died (exit code {self.proc.exitcode}) during {method!r}"
 
     def _fail(self, why: str) -> ReplicaDiedError:
         self._failed = f"data-parallel engine {self.index} (pid {self.proc.pid}) failed: {why}"
@@ -175,7 +179,9 @@ class RemoteEngine:
         self.transport = transport
         self.index = transport.index
         self._balancer = balancer
-        self._load = ReplicaLoad(0, 0, False, frozenset(), SchedulerStats(0, 0, 0.0, 0, 0, 0, 0), True)
+        self._load = ReplicaLoad(
+            0, 0, False, frozenset(), SchedulerStats(0, 0, 0.0, 0, 0, 0, 0), True
+        )
         self.info: ReplicaInfo | None = None
 
     def call(self, method: str, *args: Any) -> Any:

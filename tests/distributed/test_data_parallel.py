@@ -3,7 +3,8 @@ same greedy text as one engine, spreads requests over both replicas (per-engine
 counters in /metrics), and a killed replica fails only its own request while
 /health turns 503 and the other replica goes on serving.
 
-The reference is an ordinary one-engine `LLM` (``-dp 1``) in this process."""
+The reference is an ordinary one-engine `LLM` (``-dp 1``) in this process.  The
+same server checks run with replicas as Ray actors on a local Ray instance (slow)."""
 
 from __future__ import annotations
 
@@ -71,9 +72,19 @@ def _engine_pids(log: str) -> dict[int, int]:
     return {int(engine): int(pid) for engine, pid in found}
 
 
-@pytest.fixture(scope="module")
-def dp2_server():  # noqa: ANN201
-    server = RemoteServer("-dp", "2", "--dtype", "float32", max_model_len=512, num_gpu_blocks=64)
+@pytest.fixture(
+    scope="module",
+    params=[
+        "mp",
+        # Slow: a local Ray instance starts first; the "mp" run checks the same behaviour.
+        pytest.param("ray", marks=pytest.mark.slow),
+    ],
+)
+def dp2_server(request: pytest.FixtureRequest):  # noqa: ANN201
+    server = RemoteServer(
+        "-dp", "2", "--data-parallel-backend", request.param, "--dtype", "float32",
+        max_model_len=512, num_gpu_blocks=64,
+    )  # fmt: skip
     try:
         server.wait_ready()
         yield server

@@ -47,10 +47,6 @@ DataParallelBackend = Literal["mp", "ray"]
 """How data-parallel replicas are launched: local processes or Ray actors."""
 
 VLLM_ONLY_FIELDS: dict[str, str] = {
-    "nnodes": "multi-node inference",
-    "node_rank": "multi-node inference",
-    "master_addr": "multi-node inference",
-    "master_port": "multi-node inference",
     "data_parallel_rank_local": "data parallelism",
     "data_parallel_hybrid_lb": "data-parallel load balancing",
     "enable_ep_weight_filter": "expert parallelism",
@@ -161,13 +157,16 @@ class ParallelConfig:
 
     # -- vLLM fields minivllm keeps at their defaults (see VLLM_ONLY_FIELDS) ------
     nnodes: int = 1
-    """Nodes of a multi-node run. Only 1 is supported."""
+    """Nodes the ranks of the "mp" executor are spread over (without Ray): each node
+    runs ``world_size / nnodes`` consecutive ranks; node 0 runs the engine."""
     node_rank: int = 0
-    """Rank of this node in a multi-node run. Only 0 is supported."""
+    """Rank of this node; above 0 the node only runs its ranks (``minivllm serve
+    --node-rank K`` serves no HTTP) and takes its calls from node 0."""
     master_addr: str = "127.0.0.1"
-    """Address of the multi-node master. Unsupported to change (one node only)."""
+    """Address of node 0 for a multi-node run: torch.distributed's rendezvous is at
+    ``master_port``, the engine's calls to the other nodes' ranks at ``master_port + 1``."""
     master_port: int = 29501
-    """Port of the multi-node master. Unsupported to change (one node only)."""
+    """Port of node 0's torch.distributed rendezvous (the next port carries the calls)."""
     data_parallel_rank_local: int | None = None
     """Local data-parallel rank (SPMD mode). Unsupported: must be None."""
     data_parallel_master_ip: str = "127.0.0.1"
@@ -243,6 +242,7 @@ class ParallelConfig:
         if self.distributed_executor_backend is None:
             self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
         self.check_supported()
+        self._check_nodes()
 
     def _resolve_data_parallel(self) -> None:
         """Check the data-parallel fields; an unset local size means every replica."""
@@ -275,6 +275,33 @@ class ParallelConfig:
                 "end; to place replicas on other nodes use --data-parallel-backend ray, or "
                 "run one server per replica with --data-parallel-rank behind a load balancer"
             )
+
+    def _check_nodes(self) -> None:
+        """Multi-node runs spread the ranks of one replica evenly over the nodes."""
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"node_rank={self.node_rank} with nnodes={self.nnodes}: nnodes must be >= 1 "
+                f"and node_rank one of 0 to {max(self.nnodes - 1, 0)}"
+            )
+        if not 0 < self.master_port < 65535:
+            raise ValueError(f"master_port must be a TCP port (1-65534), got {self.master_port}")
+        if self.nnodes == 1:
+            return
+        if self.world_size % self.nnodes:
+            raise ValueError(
+                f"nnodes={self.nnodes} must divide the ranks of tensor_parallel_size x "
+                f"pipeline_parallel_size = {self.world_size}: each node runs as many ranks"
+            )
+        if self.distributed_executor_backend != "mp" or self.data_parallel_size > 1:
+            raise ValueError(
+                f"nnodes={self.nnodes} spreads the ranks of the 'mp' executor of one engine; "
+                "with distributed_executor_backend='ray' or data_parallel_size > 1 use a Ray "
+                "cluster (--distributed-executor-backend ray / --data-parallel-backend ray)"
+            )
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
 
     @property
     def internal_data_parallel(self) -> bool:

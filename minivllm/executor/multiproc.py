@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
+from minivllm.executor.multinode import accept_remote_ranks, node_ranks, rendezvous
 from minivllm.executor.rank_worker import RankWorker, output_rank
 from minivllm.executor.uniproc import set_up_ranks
 from minivllm.logger import init_logger
@@ -183,11 +184,20 @@ class MultiprocExecutor:
         self._failed: str | None = None
         self._pending: deque[PendingCall] = deque()
         init_method = f"tcp://127.0.0.1:{free_local_port()}"
-        threads = cpu_threads_per_rank(self.world_size)
+        local_ranks = range(self.world_size)
+        if parallel.node_rank > 0:
+            raise ValueError(
+                f"node_rank={parallel.node_rank} runs only that node's ranks, for the engine "
+                "on node 0: start it with `minivllm serve ... --node-rank "
+                f"{parallel.node_rank}` (the same flags as node 0)"
+            )
+        if parallel.nnodes > 1:  # the other nodes' ranks connect below (`multinode`)
+            init_method, local_ranks = rendezvous(parallel), node_ranks(parallel)
+        threads = cpu_threads_per_rank(len(local_ranks))
         ctx = mp.get_context("spawn")
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
-        for rank in range(self.world_size):
+        for rank in local_ranks:
             parent_conn, child_conn = ctx.Pipe()
             args = (vllm_config, rank, rank, threads)
             proc = ctx.Process(
@@ -201,6 +211,15 @@ class MultiprocExecutor:
             child_conn.close()
             self.conns.append(parent_conn)
             self.procs.append(proc)
+        if parallel.nnodes > 1:
+            try:
+                remote = accept_remote_ranks(parallel)
+            except BaseException:
+                self.shutdown()
+                raise
+            for rank in sorted(remote):
+                self.conns.append(remote[rank].conn)
+                self.procs.append(remote[rank])
         logger.info(
             "mp executor: %d worker processes (TP=%d x PP=%d), %d CPU thread(s) each",
             self.world_size,

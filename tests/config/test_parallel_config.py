@@ -144,9 +144,6 @@ def test_set_dcp_defaults_copies_the_deprecated_alias() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"nnodes": 2}, "nnodes=2 (multi-node inference; use 1)"),
-        ({"node_rank": 1}, "node_rank=1 (multi-node inference; use 0)"),
-        ({"master_addr": "10.0.0.1"}, "master_addr='10.0.0.1' (multi-node inference"),
         ({"numa_bind": True}, "numa_bind=True (NUMA binding; use False)"),
         ({"data_parallel_hybrid_lb": True}, "data_parallel_hybrid_lb=True (data-parallel"),
         ({"dbo_decode_token_threshold": 8}, "(dual batch overlap; use 32)"),

@@ -67,6 +67,30 @@ def _stream(url: str, events: list[str], first: threading.Event) -> None:
     first.set()
 
 
+def _aborted(server: RemoteServer) -> list[float]:
+    return [server.metric("vllm:request_success_total", engine=str(e),
+                          finished_reason="abort") for e in (0, 1)]  # fmt: skip
+
+
+def _check_disconnect_aborts_on_its_replica(server: RemoteServer) -> None:
+    """A client that leaves mid-stream: its replica aborts the request (the abort
+    crosses to the replica's process) and runs nothing afterwards."""
+    before = _aborted(server)
+    body = {"model": MODEL_NAME, "prompt": "Tell me a story", "max_tokens": 400,
+            "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                break  # leave after the first token
+    deadline = time.monotonic() + 30
+    while sum(_aborted(server)) == sum(before):
+        assert time.monotonic() < deadline, "the abandoned request was never aborted"
+        time.sleep(0.2)
+    assert sum(_aborted(server)) == sum(before) + 1
+    for engine in ("0", "1"):
+        assert server.metric("vllm:num_requests_running", engine=engine) == 0
+
+
 def _engine_pids(log: str) -> dict[int, int]:
     found = re.findall(r"data-parallel engine (\d+) ready \(pid (\d+)", log)
     return {int(engine): int(pid) for engine, pid in found}
@@ -108,6 +132,7 @@ def test_dp2_server_same_text_spread_and_a_dead_replica(
                               finished_reason="length") for e in (0, 1)]  # fmt: skip
     assert sum(done) == len(PROMPTS) and min(done) >= 1, done
 
+    _check_disconnect_aborts_on_its_replica(dp2_server)
     pids = _engine_pids(dp2_server.output())
     assert sorted(pids) == [0, 1]
     events: list[str] = []

@@ -37,7 +37,11 @@ from prometheus_client import CollectorRegistry
 
 from minivllm import __version__
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.entrypoints.openai.dp_server import data_parallel_summary, start_async_engine
+from minivllm.entrypoints.openai.dp_server import (
+    data_parallel_summary,
+    serve_worker_node,
+    start_async_engine,
+)
 from minivllm.entrypoints.openai.http_protocol import HttpLimits, guarded_protocol
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.routes import (
@@ -254,6 +258,8 @@ def run_server(args: argparse.Namespace) -> int:
     SIGTERM/SIGINT; 0 once a SIGTERM's drain is done."""
     import time
 
+    if getattr(args, "node_rank", 0) > 0:  # a multi-node run's other node: ranks only
+        return serve_worker_node(args)
     sock = bind_socket(args.host, args.port)
     start = time.perf_counter()
     engine, stat_logger = _start_engine(args)

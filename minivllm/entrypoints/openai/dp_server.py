@@ -2,6 +2,9 @@
 ``data_parallel_size`` replicas behind it (each with its own stat loggers, labelled
 ``engine="<rank>"``, in the one /metrics registry).
 
+With ``--node-rank K`` (K > 0) of a multi-node run the command serves no HTTP: it
+runs this node's ranks for the engine on node 0 (`serve_worker_node`).
+
 With ``--data-parallel-rank`` (external load balancing) this server is one replica:
 one engine whose metrics carry its rank, pinned to its share of the machine's cores
 (as `DPClient` pins its replicas) when every replica runs here.
@@ -9,6 +12,7 @@ one engine whose metrics carry its rank, pinned to its share of the machine's co
 
 from __future__ import annotations
 
+import argparse
 from typing import TYPE_CHECKING, Any
 
 from minivllm.engine.async_llm import AsyncLLM, StatLogger
@@ -67,6 +71,14 @@ def _pin_external_replica(parallel: ParallelConfig) -> None:
     os.environ["MINIVLLM_CPU_THREADS"] = str(threads)
 
 
+def serve_worker_node(args: argparse.Namespace) -> int:
+    """``--node-rank K`` (K > 0): run this node's ranks of a multi-node engine."""
+    from minivllm.engine.worker_node import run_worker_node
+    from minivllm.entrypoints.model_tag import engine_args_from_cli
+
+    return run_worker_node(engine_args_from_cli(args).create_engine_config())
+
+
 def data_parallel_summary(parallel: ParallelConfig) -> str:
     """The banner's line on data parallelism."""
     dp = parallel.data_parallel_size
@@ -78,4 +90,4 @@ def data_parallel_summary(parallel: ParallelConfig) -> str:
     return f"{dp} replicas ({parallel.data_parallel_backend}), {routing} routing"
 
 
-__all__ = ["data_parallel_summary", "start_async_engine"]
+__all__ = ["data_parallel_summary", "serve_worker_node", "start_async_engine"]

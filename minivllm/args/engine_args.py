@@ -93,6 +93,8 @@ ALIASES = {
     "compilation_config": ["-cc"],
     "attention_config": ["-ac"],
     "data_parallel_size": ["-dp"],
+    "tensor_parallel_size": ["-tp"],
+    "pipeline_parallel_size": ["-pp"],
     "data_parallel_master_ip": ["--data-parallel-address"],
 }
 """Short flags, as in vLLM."""

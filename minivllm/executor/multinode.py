@@ -16,6 +16,7 @@ and share ``MINIVLLM_NODE_AUTHKEY`` (multiprocessing's handshake key).
 
 from __future__ import annotations
 
+import os
 import threading
 from multiprocessing.connection import Connection, Listener
 from typing import TYPE_CHECKING
@@ -49,13 +50,15 @@ def call_address(parallel: ParallelConfig) -> tuple[str, int]:
 
 class RemoteRank:
     """Stands in for a local rank's `Process` in the executor: a rank on another node,
-    reached over ``conn`` (its ``sentinel`` is the connection, readable at EOF)."""
+    reached over ``conn`` (its ``sentinel`` is the connection's socket, readable at EOF)."""
 
     def __init__(self, conn: Connection, rank: int, pid: int) -> None:
         self.conn = conn
         self.rank = rank
         self.pid = pid
-        self.sentinel = conn.fileno()
+        # A second descriptor of the same socket: `wait` takes the connection and the
+        # sentinels together, and one descriptor may not be registered twice.
+        self.sentinel = os.dup(conn.fileno())
         self.exitcode: int | None = None
 
     def is_alive(self) -> bool:
@@ -66,6 +69,9 @@ class RemoteRank:
 
     def kill(self) -> None:
         self.conn.close()
+        if self.sentinel >= 0:
+            os.close(self.sentinel)
+            self.sentinel = -1
 
 
 def accept_remote_ranks(parallel: ParallelConfig) -> dict[int, RemoteRank]:

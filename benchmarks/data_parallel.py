@@ -3,7 +3,7 @@ and prefix-aware vs least-loaded routing (run by ``benchmarks/parallel.py --data
 
 Workloads (default model, float32, -O0, greedy, ``ignore_eos``):
 - ``distinct``: 64 requests with different prompts, ``--tokens`` tokens each;
-- ``prefix``: 64 requests over 8 shared prefixes (about 200 tokens each, each prefix
+- ``prefix``: 64 requests over 8 shared prefixes (about 130 tokens each, each prefix
   shared by 8 requests, a distinct suffix each), sent in a shuffled order.
 Each run adds all its requests at once (``LLM.generate``) and reports output tok/s and
 req/s over the whole run, and the prefix-cache hit rate over its prompt tokens (the
@@ -27,11 +27,11 @@ def distinct_prompts() -> list[str]:
 
 
 def prefix_prompts(tag: str, seed: int) -> list[str]:
-    """64 prompts over 8 prefixes of ~200 tokens (``tag`` makes a fresh set)."""
+    """64 prompts over 8 prefixes of ~130 tokens (``tag`` makes a fresh set)."""
     rng = random.Random(seed)
     words = "river stone cloud lantern harbor meadow copper violet engine orchard".split()
     prefixes = [
-        f"[{tag}-{p}] " + " ".join(rng.choice(words) for _ in range(150))
+        f"[{tag}-{p}] " + " ".join(rng.choice(words) for _ in range(100))
         for p in range(NUM_PREFIXES)
     ]
     prompts = [f"{prefixes[i % NUM_PREFIXES]} Question {i}:" for i in range(NUM_REQUESTS)]
@@ -70,7 +70,9 @@ def engine(dp: int) -> Any:
     from minivllm import LLM
 
     os.environ["MINIVLLM_CPU_THREADS"] = "2"  # the whole machine's share, split over replicas
-    return LLM(data_parallel_size=dp, dtype="float32", optimization_level=0, max_model_len=1024)
+    # A fixed KV cache per replica (512 blocks of 16 tokens), whatever memory is free.
+    return LLM(data_parallel_size=dp, dtype="float32", optimization_level=0, max_model_len=512,
+               num_gpu_blocks_override=512)  # fmt: skip
 
 
 def measure(tokens: int) -> list[tuple[str, dict[str, float]]]:

@@ -19,6 +19,12 @@ each round in the same order, so the ratios are comparable on a loaded machine.
 
     python benchmarks/parallel.py                    # batch 1 and 32, 32 tokens
     python benchmarks/parallel.py --batch-sizes 1 --tokens 8 --configs tp1 tp3
+
+``--data-parallel`` measures data parallelism instead (``benchmarks/data_parallel.py``):
+64 requests, ``-dp 2`` x 1 thread vs ``-dp 1`` x 2 threads, and prefix-aware vs
+least-loaded routing on 8 shared prefixes (prefix-cache hit rate and throughput).
+
+    python benchmarks/parallel.py --data-parallel --tokens 32
 """
 
 from __future__ import annotations
@@ -93,7 +99,13 @@ def main() -> None:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--data-parallel", action="store_true", help="the -dp table instead")
     args = parser.parse_args()
+    if args.data_parallel:
+        import data_parallel
+
+        data_parallel.print_table(data_parallel.measure(args.tokens))
+        return
     results = {c: measure(c, args.batch_sizes, args.tokens, args.rounds) for c in args.configs}
     base = results.get("tp1")
     header = f"{'config':<10} {'start s':>8} {'rpc ms':>7}"

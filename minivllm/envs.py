@@ -129,6 +129,12 @@ def allow_runtime_lora_updating() -> bool:
     return _flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
 
 
+def node_authkey() -> bytes:
+    """``MINIVLLM_NODE_AUTHKEY``: the handshake key the nodes of a multi-node "mp" run
+    share (set the same secret on every node; the default only keeps strays out)."""
+    return os.environ.get("MINIVLLM_NODE_AUTHKEY", "minivllm-nodes").encode()
+
+
 def openai_api_key() -> str | None:
     """``OPENAI_API_KEY``: the bearer token ``minivllm bench serve`` sends by default."""
     return os.environ.get("OPENAI_API_KEY")

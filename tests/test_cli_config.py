@@ -214,9 +214,9 @@ def test_attention_backend_by_vllm_name(capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--nnodes", "2"], "not supported by minivllm yet: nnodes=2 (multi-node inference"),
-        (["--master-port", "1234"], "master_port=1234"),
-        (["--node-rank=1"], "node_rank=1"),
+        (["--nnodes", "2"], "nnodes=2 must divide the ranks"),
+        (["--master-port", "0"], "master_port must be a TCP port"),
+        (["--node-rank=1"], "node_rank=1 with nnodes=1"),
     ],
 )
 def test_vllm_parallel_flags_minivllm_refuses(

@@ -100,6 +100,10 @@ ALIASES = {
     "optimization_level": ["-O"],
     "compilation_config": ["-cc"],
     "attention_config": ["-ac"],
+    "data_parallel_size": ["-dp"],
+    "tensor_parallel_size": ["-tp"],
+    "pipeline_parallel_size": ["-pp"],
+    "data_parallel_master_ip": ["--data-parallel-address"],
 }
 """Short flags, as in vLLM."""
 
@@ -319,9 +323,24 @@ class EngineArgs:
             return self._build(spec.nested_cls, value, spec.path)  # type: ignore[arg-type]
         return copy.deepcopy(value)  # resolution must not change the caller's object
 
+    def _check_data_parallel_rank(self) -> None:
+        """``--data-parallel-rank`` means external load balancing (vLLM's rule): this
+        server is that one replica, and it needs the address of rank 0."""
+        given = self.user_set_args()
+        if "data_parallel_rank" not in given:
+            return
+        if "data_parallel_master_ip" not in given:
+            raise ValueError(
+                "--data-parallel-rank: external load balancing needs --data-parallel-address "
+                "(the address of data-parallel rank 0); add it, or drop --data-parallel-rank "
+                "to let this server balance its own -dp replicas"
+            )
+        self.data_parallel_external_lb = True
+
     def create_engine_config(self) -> VllmConfig:
         """Build every sub-config, then the resolved `VllmConfig`, recording the paths the
         user set (raises ValueError naming the flag at fault)."""
+        self._check_data_parallel_rank()
         built: dict[str, Any] = {}
         for target in TARGETS:
             if not target.attr or (target.cls is LoRAConfig and not self.enable_lora):

@@ -1,9 +1,11 @@
 """`ParallelConfig`: how the model is split over processes.
 
 minivllm runs tensor and pipeline parallelism over ``torch.distributed`` with
-the multiprocessing ("mp") or Ray ("ray") executor.  Data, context and expert
-parallelism keep their vLLM fields but any size above 1 is refused (see
-`DATA_PARALLEL_REFUSAL` for why data parallelism is).
+the multiprocessing ("mp") or Ray ("ray") executor, and data parallelism as
+``data_parallel_size`` engine replicas behind one front end (processes or Ray
+actors, see `minivllm.engine.dp_client`), or one replica per server behind an
+external load balancer (``data_parallel_rank``).  Context and expert parallelism
+keep their vLLM fields but any size above 1 is refused.
 
 vLLM's other fields (multi-node ``nnodes``/``master_addr``, NUMA binding, Ray,
 data-parallel ports, ...) are fields here too, so vLLM configs and flags parse:
@@ -41,24 +43,11 @@ All2AllBackend = Literal[
 ExpertPlacementStrategy = Literal["linear", "round_robin"]
 DCPCommBackend = Literal["ag_rs", "a2a"]
 
-DATA_PARALLEL_REFUSAL = (
-    "data parallelism; minivllm runs one engine replica per server: for N replicas "
-    "start N servers (each with its own --port and share of the cores) behind a "
-    "load balancer; use 1"
-)
-"""Why ``data_parallel_size > 1`` is refused: on a CPU the replicas would split the same
-cores that one replica's batch already keeps busy, so an in-process balancer buys
-nothing over separate servers, and on GPUs each replica is a whole engine process."""
+DataParallelBackend = Literal["mp", "ray"]
+"""How data-parallel replicas are launched: local processes or Ray actors."""
 
 VLLM_ONLY_FIELDS: dict[str, str] = {
-    "nnodes": "multi-node inference",
-    "node_rank": "multi-node inference",
-    "master_addr": "multi-node inference",
-    "master_port": "multi-node inference",
     "data_parallel_rank_local": "data parallelism",
-    "data_parallel_master_ip": "data parallelism",
-    "data_parallel_rpc_port": "data parallelism",
-    "data_parallel_master_port": "data parallelism",
     "data_parallel_hybrid_lb": "data-parallel load balancing",
     "enable_ep_weight_filter": "expert parallelism",
     "enable_elastic_ep": "elastic expert parallelism",
@@ -106,18 +95,31 @@ class ParallelConfig:
     dcp_comm_backend: DCPCommBackend = "ag_rs"
     """Communication pattern of decode context parallelism."""
     data_parallel_size: int = 1
-    """Number of data-parallel replicas. Only 1 is supported (see
-    `DATA_PARALLEL_REFUSAL`)."""
+    """Number of data-parallel replicas: each is a whole engine (scheduler, executor,
+    KV cache; itself TP/PP when asked) with its share of the cores, and the front end
+    sends each request to the least loaded one."""
     data_parallel_size_local: int = 1
-    """Data-parallel replicas on this node."""
+    """Data-parallel replicas on this node.  1 with ``data_parallel_size`` > 1 means
+    all of them (the "mp" backend runs every replica here; Ray places them)."""
     data_parallel_rank: int = 0
-    """Rank of this replica."""
+    """Rank of this replica.  Given on the command line it means external load
+    balancing: this server runs replica ``data_parallel_rank`` only (needs
+    ``--data-parallel-address``)."""
     data_parallel_index: int = 0
     """Index of this replica (the rank, without the process-group meaning)."""
     data_parallel_external_lb: bool = False
     """Whether an external load balancer spreads requests over replicas."""
-    data_parallel_backend: str = "mp"
-    """How data-parallel replicas are launched."""
+    data_parallel_backend: DataParallelBackend = "mp"
+    """How data-parallel replicas are launched: "mp" (one process each on this
+    machine) or "ray" (one Ray actor each, on the cluster's nodes)."""
+    data_parallel_prefix_aware_routing: bool = False
+    """Send a request to the replica that already holds the longest part of its
+    prompt in its prefix cache, when that replica's load is within
+    ``data_parallel_prefix_routing_slack`` of the least loaded one (minivllm's; vLLM
+    always picks the least loaded)."""
+    data_parallel_prefix_routing_slack: int = 8
+    """How much more load (``waiting * 4 + running``) prefix-aware routing accepts
+    on a replica for a prefix hit."""
     enable_expert_parallel: bool = False
     """Shard MoE experts over ranks. Unsupported."""
     enable_eplb: bool = False
@@ -155,21 +157,26 @@ class ParallelConfig:
 
     # -- vLLM fields minivllm keeps at their defaults (see VLLM_ONLY_FIELDS) ------
     nnodes: int = 1
-    """Nodes of a multi-node run. Only 1 is supported."""
+    """Nodes the ranks of the "mp" executor are spread over (without Ray): each node
+    runs ``world_size / nnodes`` consecutive ranks; node 0 runs the engine."""
     node_rank: int = 0
-    """Rank of this node in a multi-node run. Only 0 is supported."""
+    """Rank of this node; above 0 the node only runs its ranks (``minivllm serve
+    --node-rank K`` serves no HTTP) and takes its calls from node 0."""
     master_addr: str = "127.0.0.1"
-    """Address of the multi-node master. Unsupported to change (one node only)."""
+    """Address of node 0 for a multi-node run: torch.distributed's rendezvous is at
+    ``master_port``, the engine's calls to the other nodes' ranks at ``master_port + 1``."""
     master_port: int = 29501
-    """Port of the multi-node master. Unsupported to change (one node only)."""
+    """Port of node 0's torch.distributed rendezvous (the next port carries the calls)."""
     data_parallel_rank_local: int | None = None
     """Local data-parallel rank (SPMD mode). Unsupported: must be None."""
     data_parallel_master_ip: str = "127.0.0.1"
-    """Address of the data-parallel master. Unsupported to change."""
+    """Address of data-parallel rank 0 (``--data-parallel-address``).  minivllm's
+    dense-model replicas share no collective, so it names the group only."""
     data_parallel_rpc_port: int = 29550
-    """Port for data-parallel messaging. Unsupported to change."""
+    """Port for data-parallel messaging (kept for vLLM configs; minivllm's replicas
+    talk to their front end over pipes or Ray)."""
     data_parallel_master_port: int = 29500
-    """Port of the data-parallel master. Unsupported to change."""
+    """Port of the data-parallel master (kept for vLLM configs, as above)."""
     data_parallel_hybrid_lb: bool = False
     """Hybrid data-parallel load balancing. Unsupported."""
     enable_ep_weight_filter: bool = False
@@ -229,11 +236,77 @@ class ParallelConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self._resolve_data_parallel()
         # Whether a worker may align cp_kv_cache_interleave_size to its block size.
         self._allow_auto_resolve_cp_interleave_size = self.cp_kv_cache_interleave_size == 1
         if self.distributed_executor_backend is None:
             self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
         self.check_supported()
+        self._check_nodes()
+
+    def _resolve_data_parallel(self) -> None:
+        """Check the data-parallel fields; an unset local size means every replica."""
+        dp = self.data_parallel_size
+        if self.data_parallel_backend not in ("mp", "ray"):
+            raise ValueError(
+                f"data_parallel_backend must be 'mp' or 'ray', got {self.data_parallel_backend!r}"
+            )
+        if not 0 <= self.data_parallel_rank < dp:
+            raise ValueError(
+                f"data_parallel_rank={self.data_parallel_rank} is not a rank of "
+                f"data_parallel_size={dp}; use 0 to {dp - 1}"
+            )
+        if self.data_parallel_prefix_routing_slack < 0:
+            raise ValueError(
+                "data_parallel_prefix_routing_slack must be >= 0, got "
+                f"{self.data_parallel_prefix_routing_slack}"
+            )
+        for name in ("data_parallel_rpc_port", "data_parallel_master_port"):
+            if not 0 < getattr(self, name) < 65536:
+                raise ValueError(f"{name} must be a TCP port (1-65535), got {getattr(self, name)}")
+        if self.data_parallel_external_lb and self.data_parallel_index == 0:
+            self.data_parallel_index = self.data_parallel_rank
+        if self.data_parallel_size_local == 1 and not self.data_parallel_external_lb:
+            self.data_parallel_size_local = dp
+        if self.data_parallel_size_local not in (1, dp):
+            raise ValueError(
+                f"data_parallel_size_local={self.data_parallel_size_local} with "
+                f"data_parallel_size={dp}: minivllm starts every replica from one front "
+                "end; to place replicas on other nodes use --data-parallel-backend ray, or "
+                "run one server per replica with --data-parallel-rank behind a load balancer"
+            )
+
+    def _check_nodes(self) -> None:
+        """Multi-node runs spread the ranks of one replica evenly over the nodes."""
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"node_rank={self.node_rank} with nnodes={self.nnodes}: nnodes must be >= 1 "
+                f"and node_rank one of 0 to {max(self.nnodes - 1, 0)}"
+            )
+        if not 0 < self.master_port < 65535:
+            raise ValueError(f"master_port must be a TCP port (1-65534), got {self.master_port}")
+        if self.nnodes == 1:
+            return
+        if self.world_size % self.nnodes:
+            raise ValueError(
+                f"nnodes={self.nnodes} must divide the ranks of tensor_parallel_size x "
+                f"pipeline_parallel_size = {self.world_size}: each node runs as many ranks"
+            )
+        if self.distributed_executor_backend != "mp" or self.data_parallel_size > 1:
+            raise ValueError(
+                f"nnodes={self.nnodes} spreads the ranks of the 'mp' executor of one engine; "
+                "with distributed_executor_backend='ray' or data_parallel_size > 1 use a Ray "
+                "cluster (--distributed-executor-backend ray / --data-parallel-backend ray)"
+            )
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    @property
+    def internal_data_parallel(self) -> bool:
+        """Whether this front end starts and balances ``data_parallel_size`` replicas."""
+        return self.data_parallel_size > 1 and not self.data_parallel_external_lb
 
     @property
     def world_size(self) -> int:
@@ -270,14 +343,12 @@ class ParallelConfig:
         """What minivllm cannot run, each with the fix."""
         problems: list[str] = []
         sizes = {
-            "data_parallel_size": DATA_PARALLEL_REFUSAL,
             "prefill_context_parallel_size": "prefill context parallelism",
             "decode_context_parallel_size": "decode context parallelism",
         }
         for name, what in sizes.items():
             if getattr(self, name) > 1:
-                fix = "" if what.endswith("use 1") else "; use 1"
-                problems.append(f"{name}={getattr(self, name)} ({what}{fix})")
+                problems.append(f"{name}={getattr(self, name)} ({what}; use 1)")
         flags = {
             "enable_expert_parallel": "expert parallelism",
             "enable_eplb": "expert load balancing",

@@ -175,6 +175,11 @@ class AsyncLLM:
     def vllm_config(self) -> VllmConfig:
         return self.engine.vllm_config
 
+    @property
+    def num_kv_blocks(self) -> int:
+        """KV blocks of the engine's cache."""
+        return self.engine.scheduler.kv_cache_manager.block_pool.num_blocks
+
     def process_inputs(
         self,
         prompt: PromptInput,

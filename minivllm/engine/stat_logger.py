@@ -19,8 +19,10 @@ logger = init_logger(__name__)
 class LoggingStatLogger:
     """Accumulates step statistics and logs them once per interval."""
 
-    def __init__(self, interval_s: float = 10.0) -> None:
+    def __init__(self, interval_s: float = 10.0, engine_index: int | None = None) -> None:
         self.interval_s = interval_s
+        self.prefix = "" if engine_index is None else f"Engine {engine_index:03d}: "
+        """``Engine 001: `` before each line of a data-parallel replica (vLLM's form)."""
         self._last_log = time.monotonic()
         self._prompt_tokens = 0
         self._generation_tokens = 0
@@ -43,7 +45,7 @@ class LoggingStatLogger:
         queries = s.prefix_cache_queries - self._last_prefix[0]
         hits = s.prefix_cache_hits - self._last_prefix[1]
         lines = [
-            f"Avg prompt throughput: {self._prompt_tokens / elapsed:.1f} tokens/s, "
+            f"{self.prefix}Avg prompt throughput: {self._prompt_tokens / elapsed:.1f} tokens/s, "
             f"Avg generation throughput: {self._generation_tokens / elapsed:.1f} tokens/s, "
             f"Running: {s.num_running_reqs} reqs, Waiting: {s.num_waiting_reqs} reqs, "
             f"KV cache usage: {s.kv_cache_usage * 100:.1f}%, "
@@ -51,7 +53,7 @@ class LoggingStatLogger:
         ]
         spec = s.spec_decoding_stats
         if spec is not None:
-            lines.append(self._spec_line(spec, elapsed))
+            lines.append(self.prefix + self._spec_line(spec, elapsed))
             self._last_spec = spec.copy()
         for line in lines:
             logger.info("%s", line)

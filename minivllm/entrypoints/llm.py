@@ -31,10 +31,15 @@ class LLM(PoolingMixin):
 
         # As in vLLM, offline statistics are off unless disable_log_stats=False.
         kwargs.setdefault("disable_log_stats", True)
-        engine_args = EngineArgs(model=model, **kwargs)
-        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        vllm_config = EngineArgs(model=model, **kwargs).create_engine_config()
+        self.llm_engine: Any
+        if vllm_config.parallel_config.internal_data_parallel:
+            from minivllm.engine.dp_llm_engine import DPLLMEngine
+
+            self.llm_engine = DPLLMEngine(vllm_config)
+        else:
+            self.llm_engine = LLMEngine(vllm_config)
         self._registry: Any = None
-        vllm_config = self.llm_engine.vllm_config
         if not vllm_config.logging_config.disable_log_stats:
             self._start_stat_loggers(vllm_config)
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
+from minivllm.executor.multinode import accept_remote_ranks, node_ranks, rendezvous
 from minivllm.executor.rank_worker import RankWorker, output_rank
 from minivllm.executor.uniproc import set_up_ranks
 from minivllm.logger import init_logger
@@ -81,16 +82,19 @@ def free_local_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker_main(conn: Connection, parent_pid: int, args: tuple[Any, ...]) -> None:
-    """Body of a worker process: build the `RankWorker`, then serve calls until told
-    to stop or until the engine process is gone."""
+def _worker_main(
+    conn: Connection, parent_pid: int, args: tuple[Any, ...], factory: Any = RankWorker
+) -> None:
+    """Body of a worker process: build ``factory(*args)`` (a `RankWorker`; a whole
+    data-parallel engine replica for `minivllm.engine.dp_replica`), then serve calls
+    until told to stop or until the parent process is gone."""
     # Ctrl-C reaches the whole process group: the engine process decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     inbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
     reader = threading.Thread(target=_read_calls, args=(conn, parent_pid, inbox), daemon=True)
     reader.start()
     try:
-        worker = RankWorker(*args)
+        worker = factory(*args)
     except BaseException:
         conn.send(CallFailed(traceback.format_exc()))
         return
@@ -180,11 +184,20 @@ class MultiprocExecutor:
         self._failed: str | None = None
         self._pending: deque[PendingCall] = deque()
         init_method = f"tcp://127.0.0.1:{free_local_port()}"
-        threads = cpu_threads_per_rank(self.world_size)
+        local_ranks = range(self.world_size)
+        if parallel.node_rank > 0:
+            raise ValueError(
+                f"node_rank={parallel.node_rank} runs only that node's ranks, for the engine "
+                "on node 0: start it with `minivllm serve ... --node-rank "
+                f"{parallel.node_rank}` (the same flags as node 0)"
+            )
+        if parallel.nnodes > 1:  # the other nodes' ranks connect below (`multinode`)
+            init_method, local_ranks = rendezvous(parallel), node_ranks(parallel)
+        threads = cpu_threads_per_rank(len(local_ranks))
         ctx = mp.get_context("spawn")
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
-        for rank in range(self.world_size):
+        for rank in local_ranks:
             parent_conn, child_conn = ctx.Pipe()
             args = (vllm_config, rank, rank, threads)
             proc = ctx.Process(
@@ -198,6 +211,15 @@ class MultiprocExecutor:
             child_conn.close()
             self.conns.append(parent_conn)
             self.procs.append(proc)
+        if parallel.nnodes > 1:
+            try:
+                remote = accept_remote_ranks(parallel)
+            except BaseException:
+                self.shutdown()
+                raise
+            for rank in sorted(remote):
+                self.conns.append(remote[rank].conn)
+                self.procs.append(remote[rank])
         logger.info(
             "mp executor: %d worker processes (TP=%d x PP=%d), %d CPU thread(s) each",
             self.world_size,
@@ -328,4 +350,17 @@ class MultiprocExecutor:
             self._failed = "the executor was shut down"
 
 
-__all__ = ["MultiprocExecutor", "RankWorker", "WorkerError"]
+serve_calls = _worker_main
+"""The public name of a spawned process's call loop (`_worker_main`)."""
+main_module_hidden = _main_module_hidden
+"""The public name of `_main_module_hidden`."""
+
+__all__ = [
+    "CallDone",
+    "CallFailed",
+    "MultiprocExecutor",
+    "RankWorker",
+    "WorkerError",
+    "main_module_hidden",
+    "serve_calls",
+]

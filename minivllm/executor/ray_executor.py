@@ -179,4 +179,7 @@ class RayPendingStep:
         return out
 
 
-__all__ = ["RankWorker", "RayExecutor", "RayPendingStep"]
+import_ray = _import_ray
+"""Ray, or a ValueError that says how to install it."""
+
+__all__ = ["RankWorker", "RayExecutor", "RayPendingStep", "import_ray"]

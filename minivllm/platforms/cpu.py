@@ -28,6 +28,37 @@ def cpu_threads_per_rank(world_size: int) -> int:
     return max(1, (envs.cpu_threads() or usable_cpu_cores()) // world_size)
 
 
+def data_parallel_cpu_sets(num_replicas: int) -> tuple[list[list[int] | None], int, str | None]:
+    """How ``num_replicas`` data-parallel replicas of one machine share its cores:
+    (the cores each replica is pinned to, or None where the OS has no affinity;
+    torch threads per replica; a warning when there are more replicas than cores).
+
+    Each replica gets an equal run of the usable cores and ``MINIVLLM_CPU_THREADS``
+    (or the usable cores) split evenly; with more replicas than cores each still
+    gets one thread, and replicas share cores round-robin."""
+    from minivllm import envs
+
+    threads = max(1, (envs.cpu_threads() or usable_cpu_cores()) // num_replicas)
+    if not hasattr(os, "sched_getaffinity"):  # pragma: no cover - not Linux
+        return [None] * num_replicas, threads, None
+    cores = sorted(os.sched_getaffinity(0))
+    if num_replicas > len(cores):
+        warning = (
+            f"data_parallel_size={num_replicas} is more than the {len(cores)} usable CPU "
+            "core(s): each replica gets one thread and replicas share cores, so they "
+            f"slow each other down; use -dp {len(cores)} or fewer"
+        )
+        return [[cores[i % len(cores)]] for i in range(num_replicas)], threads, warning
+    per = len(cores) // num_replicas
+    return [cores[i * per : (i + 1) * per] for i in range(num_replicas)], threads, None
+
+
+def pin_to_cpus(cpus: list[int] | None) -> None:
+    """Run this process (and the threads and processes it starts) on ``cpus`` only."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
 @functools.cache
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 in hardware (AMX-BF16 or AVX512-BF16).

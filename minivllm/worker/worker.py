@@ -161,8 +161,11 @@ class Worker:
         )
         needed = sched.max_num_seqs * per_request + 1
         budget = min(DEFAULT_CPU_KV_CACHE_BYTES, psutil.virtual_memory().available // 4)
-        # The ranks of one machine share its memory: the default is for all of them.
-        budget //= self.vllm_config.parallel_config.world_size
+        # The ranks of one machine share its memory (every rank of every local
+        # data-parallel replica): the default is for all of them.
+        parallel = self.vllm_config.parallel_config
+        local_replicas = parallel.data_parallel_size_local if parallel.internal_data_parallel else 1
+        budget //= parallel.world_size * local_replicas
         return max(1, min(needed, budget // per_block)), "CPU default"
 
     def _cuda_blocks(self, per_block: int) -> tuple[int, str]:

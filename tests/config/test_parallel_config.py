@@ -47,9 +47,30 @@ def test_more_than_one_rank_needs_processes(field: str) -> None:
         ParallelConfig(**{field: 2}, distributed_executor_backend="uni")  # type: ignore[arg-type]
 
 
-def test_data_parallel_is_refused_with_the_reason() -> None:
-    with pytest.raises(ValueError, match="start N servers"):
-        ParallelConfig(data_parallel_size=2)
+def test_data_parallel_runs_every_replica_here_by_default() -> None:
+    p = ParallelConfig(data_parallel_size=2)
+    assert p.internal_data_parallel and p.data_parallel_size_local == 2
+    assert p.world_size == 1 and p.world_size_across_dp == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"data_parallel_size": 2, "data_parallel_rank": 2}, "use 0 to 1"),
+        ({"data_parallel_backend": "slurm"}, "'mp' or 'ray'"),
+        ({"data_parallel_size": 4, "data_parallel_size_local": 2}, "--data-parallel-backend ray"),
+        ({"data_parallel_rpc_port": 70000}, "TCP port"),
+        ({"data_parallel_prefix_routing_slack": -1}, ">= 0"),
+    ],
+)
+def test_bad_data_parallel_settings_say_why(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        ParallelConfig(**kwargs)
+
+
+def test_external_load_balancing_is_one_replica() -> None:
+    p = ParallelConfig(data_parallel_size=2, data_parallel_rank=1, data_parallel_external_lb=True)
+    assert not p.internal_data_parallel and p.data_parallel_index == 1
 
 
 def test_single_rank_backends() -> None:
@@ -65,7 +86,6 @@ def test_external_launcher_is_unsupported() -> None:
 @pytest.mark.parametrize(
     ("field", "what"),
     [
-        ("data_parallel_size", "data parallelism"),
         ("decode_context_parallel_size", "decode context parallelism"),
         ("prefill_context_parallel_size", "prefill context parallelism"),
     ],
@@ -102,8 +122,8 @@ def test_sizes_must_be_positive(field: str) -> None:
 
 def test_check_supported_sees_later_assignments() -> None:
     p = ParallelConfig()
-    p.data_parallel_size = 2
-    with pytest.raises(ValueError, match="data parallelism"):
+    p.decode_context_parallel_size = 2
+    with pytest.raises(ValueError, match="decode context parallelism"):
         p.check_supported()
 
 
@@ -124,11 +144,8 @@ def test_set_dcp_defaults_copies_the_deprecated_alias() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"nnodes": 2}, "nnodes=2 (multi-node inference; use 1)"),
-        ({"node_rank": 1}, "node_rank=1 (multi-node inference; use 0)"),
-        ({"master_addr": "10.0.0.1"}, "master_addr='10.0.0.1' (multi-node inference"),
         ({"numa_bind": True}, "numa_bind=True (NUMA binding; use False)"),
-        ({"data_parallel_rpc_port": 1234}, "data_parallel_rpc_port=1234 (data parallelism"),
+        ({"data_parallel_hybrid_lb": True}, "data_parallel_hybrid_lb=True (data-parallel"),
         ({"dbo_decode_token_threshold": 8}, "(dual batch overlap; use 32)"),
         ({"distributed_timeout_seconds": 60}, "distributed_timeout_seconds=60"),
         ({"eplb_config": {"window_size": 5}}, "eplb_config={'window_size': 5} (expert load"),

@@ -141,6 +141,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Log level of uvicorn (the HTTP server).",
     )
     add_store_arguments(server)
+    server.add_argument(
+        "--api-server-count",
+        "-asc",
+        type=int,
+        default=1,
+        help="API server processes (vLLM's flag); minivllm runs one, in front of the "
+        "engine replicas of -dp, which are processes of their own (default: 1).",
+    )
     EngineArgs.add_cli_args(parser)
     _accept_several_served_names(parser)
 
@@ -182,6 +190,13 @@ def run(args: argparse.Namespace) -> int:
         if not value > 0 or value == float("inf"):
             name = "--" + flag.replace("_", "-")
             raise ValueError(f"argument {name}: must be a number of seconds > 0, got {value}")
+    if args.api_server_count != 1:
+        raise ValueError(
+            f"argument --api-server-count: {args.api_server_count} API server processes are "
+            "not supported by minivllm yet (one front end serves every -dp replica; the "
+            "replicas are processes of their own); use 1, or start several servers with "
+            "--data-parallel-rank behind a load balancer"
+        )
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError(
             "argument --enable-auto-tool-choice: needs --tool-call-parser (hermes or llama3_json)"

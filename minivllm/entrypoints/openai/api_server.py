@@ -37,12 +37,16 @@ from prometheus_client import CollectorRegistry
 
 from minivllm import __version__
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.engine.stat_logger import LoggingStatLogger
 from minivllm.entrypoints.openai.anthropic.routes import (
     AnthropicErrorMiddleware,
     add_messages_routes,
 )
 from minivllm.entrypoints.openai.anthropic.serving import AnthropicServingMessages
+from minivllm.entrypoints.openai.dp_server import (
+    data_parallel_summary,
+    serve_worker_node,
+    start_async_engine,
+)
 from minivllm.entrypoints.openai.http_protocol import HttpLimits, guarded_protocol
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.responses.routes import add_responses_routes
@@ -229,13 +233,14 @@ def config_summary(
         cfg.cache_config,
         cfg.scheduler_config,
     )
-    num_blocks = engine.engine.scheduler.kv_cache_manager.block_pool.num_blocks
+    num_blocks = engine.num_kv_blocks
     rows = {
         "model": model_config.model,
         "served model name": ", ".join(served_names or [model_config.served_model_name]),
         "dtype": str(model_config.dtype).replace("torch.", ""),
         "max_model_len": model_config.max_model_len,
         "KV cache": f"{num_blocks} blocks x {cache_config.block_size} tokens",
+        "data parallel": data_parallel_summary(cfg.parallel_config),
         "prefix caching": cache_config.enable_prefix_caching,
         "max_num_seqs": scheduler_config.max_num_seqs,
         "max_num_batched_tokens": scheduler_config.max_num_batched_tokens,
@@ -285,6 +290,8 @@ def run_server(args: argparse.Namespace) -> int:
     SIGTERM/SIGINT; 0 once a SIGTERM's drain is done."""
     import time
 
+    if getattr(args, "node_rank", 0) > 0:  # a multi-node run's other node: ranks only
+        return serve_worker_node(args)
     sock = bind_socket(args.host, args.port)
     start = time.perf_counter()
     engine, stat_logger = _start_engine(args)
@@ -320,7 +327,6 @@ def run_server(args: argparse.Namespace) -> int:
 
 def _start_engine(args: argparse.Namespace) -> tuple[AsyncLLM, PrometheusStatLogger]:
     """The engine the flags describe, with its Prometheus (and log) stat loggers."""
-    from minivllm.engine.llm_engine import LLMEngine
     from minivllm.entrypoints.model_tag import engine_args_from_cli
 
     vllm_config = engine_args_from_cli(args).create_engine_config()
@@ -332,10 +338,7 @@ def _start_engine(args: argparse.Namespace) -> tuple[AsyncLLM, PrometheusStatLog
         vllm_config.num_speculative_tokens,
         vllm_config.lora_config.max_loras if vllm_config.lora_config else 0,
     )
-    stat_loggers: list[Any] = [stat_logger]
-    if not vllm_config.logging_config.disable_log_stats:
-        stat_loggers.append(LoggingStatLogger(vllm_config.logging_config.log_stats_interval_s))
-    engine = AsyncLLM(LLMEngine(vllm_config), stat_loggers=stat_loggers)
+    engine = start_async_engine(vllm_config, stat_logger)
     stat_logger.log_cache_config(vllm_config.cache_config)
     return engine, stat_logger
 

@@ -7,6 +7,7 @@ thread after every step; prometheus_client's metrics are thread-safe.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
@@ -43,17 +44,27 @@ class PrometheusStatLogger:
         registry: CollectorRegistry,
         num_spec_tokens: int = 0,
         max_loras: int = 0,
+        engine_index: int = 0,
+        families: dict[str, Any] | None = None,
     ) -> None:
         self.registry = registry
-        make = _LabelledMetrics(registry, {"model_name": model_name, "engine": "0"})
+        self._args = (model_name, max_model_len, registry, num_spec_tokens, max_loras)
+        self._families: dict[str, Any] = {} if families is None else families
+        values = {"model_name": model_name, "engine": str(engine_index)}
+        make = _LabelledMetrics(registry, values, self._families)
         self._make = make
         self._add_scheduler_metrics(make)
         self._add_token_counters(make)
         self._add_latency_histograms(make)
         self._add_request_histograms(make, max_model_len)
         self._kv_transfer = KVTransferMetrics(make)
-        self._cache_info = Info(
-            "vllm:cache_config", "Information of the LLMEngine's CacheConfig.", registry=registry
+        self._cache_info = make.family(
+            "vllm:cache_config",
+            lambda: Info(
+                "vllm:cache_config",
+                "Information of the LLMEngine's CacheConfig.",
+                registry=registry,
+            ),
         )
         self._success = make.counter_family(
             "vllm:request_success",
@@ -68,18 +79,28 @@ class PrometheusStatLogger:
         if num_spec_tokens:
             self._spec = _spec_decode_counters(make, num_spec_tokens)
         self._lora_info: Gauge | None = None
+        self._lora_labels: tuple[str, ...] | None = None
         self.max_loras = max_loras
         if max_loras:  # vLLM's info gauge: the adapters in its labels, the time as value
-            self._lora_info = Gauge(
+            self._lora_info = make.family(
                 "vllm:lora_requests_info",
-                "Running stats on lora requests.",
-                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
-                registry=registry,
+                lambda: Gauge(
+                    "vllm:lora_requests_info",
+                    "Running stats on lora requests.",
+                    ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                    registry=registry,
+                ),
             )
         # SchedulerStats counters are cumulative; Prometheus counters take increments.
         self._last_queries = 0
         self._last_hits = 0
         self._last_preemptions = 0
+
+    def for_engine(self, engine_index: int) -> PrometheusStatLogger:
+        """The stat logger of another engine (a data-parallel replica): the same
+        metrics in the same registry, labelled ``engine="<engine_index>"``, so that
+        /metrics shows every replica, as vLLM's does."""
+        return PrometheusStatLogger(*self._args, engine_index, self._families)
 
     def _add_scheduler_metrics(self, make: _LabelledMetrics) -> None:
         """The queue lengths, KV cache use, prefix-cache and preemption counts."""
@@ -174,12 +195,17 @@ class PrometheusStatLogger:
         if self._spec is not None and s.spec_decoding_stats is not None:
             self._record_spec(s.spec_decoding_stats)
         if self._lora_info is not None:
-            self._lora_info.clear()  # one sample: the adapters now
-            self._lora_info.labels(
-                max_lora=str(self.max_loras),
-                waiting_lora_adapters=",".join(sorted(s.waiting_lora_adapters)),
-                running_lora_adapters=",".join(sorted(s.running_lora_adapters)),
-            ).set_to_current_time()
+            # One sample per engine: the adapters now (a replica's old sample goes,
+            # the other replicas' stay).
+            labels = (
+                str(self.max_loras),
+                ",".join(sorted(s.waiting_lora_adapters)),
+                ",".join(sorted(s.running_lora_adapters)),
+            )
+            if self._lora_labels is not None and self._lora_labels != labels:
+                self._lora_info.remove(*self._lora_labels)
+            self._lora_labels = labels
+            self._lora_info.labels(*labels).set_to_current_time()
         self._kv_transfer.record(s)
 
         it = iteration_stats
@@ -242,24 +268,43 @@ class PrometheusStatLogger:
 
 class _LabelledMetrics:
     """Makes the metrics of one registry, each labelled with this engine's values
-    (``model_name``, ``engine``); a family with one more label gives its children."""
+    (``model_name``, ``engine``); a family with one more label gives its children.
+    Engines of one registry share ``families`` (metric name -> collector): the first
+    makes a metric, the others add their children to it."""
 
-    def __init__(self, registry: CollectorRegistry, values: dict[str, str]) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, values: dict[str, str], families: dict[str, Any]
+    ) -> None:
         self.registry = registry
         self.values = values
+        self.families = families
+
+    def family(self, name: str, make: Callable[[], Any]) -> Any:
+        if name not in self.families:
+            self.families[name] = make()
+        return self.families[name]
 
     def gauge(self, name: str, doc: str) -> Any:
-        return Gauge(name, doc, list(self.values), registry=self.registry).labels(**self.values)
+        labels, registry = list(self.values), self.registry
+        metric = self.family(name, lambda: Gauge(name, doc, labels, registry=registry))
+        return metric.labels(**self.values)
 
     def counter(self, name: str, doc: str) -> Any:
-        return Counter(name, doc, list(self.values), registry=self.registry).labels(**self.values)
+        labels, registry = list(self.values), self.registry
+        metric = self.family(name, lambda: Counter(name, doc, labels, registry=registry))
+        return metric.labels(**self.values)
 
     def histogram(self, name: str, doc: str, buckets: list[float]) -> Any:
-        metric = Histogram(name, doc, list(self.values), buckets=buckets, registry=self.registry)
+        labels, registry = list(self.values), self.registry
+        metric = self.family(
+            name, lambda: Histogram(name, doc, labels, buckets=buckets, registry=registry)
+        )
         return metric.labels(**self.values)
 
     def counter_family(self, name: str, doc: str, extra_label: str) -> Counter:
-        return Counter(name, doc, [*self.values, extra_label], registry=self.registry)
+        labels, registry = [*self.values, extra_label], self.registry
+        family: Counter = self.family(name, lambda: Counter(name, doc, labels, registry=registry))
+        return family
 
     def child(self, family: Counter, **extra: str) -> Any:
         return family.labels(**self.values, **extra)

@@ -72,6 +72,7 @@ def _resolve_model(cfg: VllmConfig, prov: Provenance) -> None:
         cfg.try_verify_and_update_config()
     _verify_with_model(cfg, prov)
     _verify_lora(cfg, prov)
+    _check_data_parallel_features(cfg)
     _gguf_with_parallelism(cfg, prov)
     with _step(prov, "rule", "pooling_model", "pooling models: prompts whole, prefix cache"):
         by_user = prov.origin_of("cache_config.enable_prefix_caching").source == "user"
@@ -206,6 +207,31 @@ def _verify_lora(cfg: VllmConfig, prov: Provenance) -> None:
             f"(tensor_parallel_size={parallel_config.tensor_parallel_size}, "
             f"pipeline_parallel_size={parallel_config.pipeline_parallel_size}); drop "
             "--enable-lora or run on one process."
+        )
+
+
+def _check_data_parallel_features(cfg: VllmConfig) -> None:
+    """The replicas of internal data parallelism run generation only, for now: the
+    features whose engine calls or per-rank endpoints the front end does not route
+    yet are refused with the reason."""
+    parallel = cfg.parallel_config
+    if not parallel.internal_data_parallel:
+        return
+    used = []
+    if cfg.lora_config is not None:
+        used.append("LoRA (--enable-lora)")
+    if cfg.model_config is not None and cfg.model_config.runner_type == "pooling":
+        used.append("pooling models (--runner pooling)")
+    if cfg.kv_transfer_config is not None and cfg.kv_transfer_config.kv_connector is not None:
+        used.append(f"the KV connector {cfg.kv_transfer_config.kv_connector}")
+    events = cfg.kv_events_config
+    if events is not None and events.enable_kv_cache_events:
+        used.append("KV cache events (one endpoint per replica is not set up)")
+    if used:
+        raise ValueError(
+            f"data_parallel_size={parallel.data_parallel_size} is not supported by minivllm "
+            f"yet with {', '.join(used)}; run one replica per server instead "
+            "(--data-parallel-rank, external load balancing) or drop --data-parallel-size."
         )
 
 

@@ -166,3 +166,27 @@ def test_vllm_fields_at_their_defaults_are_accepted() -> None:
     assert p.nnodes == 1 and p.check_supported() is None
     with pytest.raises(ValueError, match="Unexpected keyword argument"):
         ParallelConfig(nnodez=2)  # type: ignore[call-arg]  # a typo, not a vLLM field
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"enable_lora": True}, "LoRA"),
+        ({"runner": "pooling"}, "pooling models"),
+        ({"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}},
+         "KV connector"),
+        ({"kv_events_config": {"enable_kv_cache_events": True}}, "KV cache events"),
+    ],
+)  # fmt: skip
+def test_internal_data_parallel_refuses_what_its_replicas_cannot_route(
+    kwargs: dict, needle: str
+) -> None:
+    from minivllm.engine.arg_utils import EngineArgs
+
+    with pytest.raises(ValueError, match=needle) as err:
+        EngineArgs(data_parallel_size=2, **kwargs).create_engine_config()
+    assert "--data-parallel-rank" in str(err.value)
+    # One replica per server (external load balancing) runs them.
+    EngineArgs(
+        data_parallel_size=2, data_parallel_rank=1, data_parallel_master_ip="10.0.0.1", **kwargs
+    ).create_engine_config()

@@ -79,8 +79,15 @@ class DPAsyncLLM:
         return self.client.num_blocks
 
     def process_inputs(
-        self, prompt: PromptInput, params: SamplingParams, priority: int = 0
+        self,
+        prompt: PromptInput,
+        params: SamplingParams,
+        priority: int = 0,
+        lora_request: Any = None,
     ) -> ValidatedRequest:
+        # LoRA is refused with internal data parallelism at configuration time, so a
+        # request never names an adapter here.
+        assert lora_request is None, "LoRA runs without internal data parallelism"
         return self.client.process_inputs(prompt, params, priority)
 
     def request_counts(self) -> list[int]:

@@ -42,6 +42,7 @@ def make_input_processor(
         model_config=model_config,
         structured_outputs_config=None,
         speculative_config=None,
+        lora_config=None,
         parallel_config=SimpleNamespace(world_size=1),
     )
     options = SchedulerOptions(

@@ -80,6 +80,14 @@ class DPClient:
         except BaseException:
             self.shutdown()
             raise
+        for info in infos:  # logged here: a Ray actor's own log lines may be merged
+            logger.info(
+                "data-parallel engine %d ready (pid %d, cores %s, %d thread(s))",
+                info.index,
+                info.pid,
+                info.cpus if info.cpus is not None else "all",
+                info.num_threads,
+            )
         # Validate against the smallest replica: a request any replica could not run is
         # refused in front.
         num_blocks = min(info.num_blocks for info in infos)

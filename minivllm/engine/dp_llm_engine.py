@@ -59,8 +59,11 @@ class DPLLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: Any = None,
     ) -> str:
         """Validate, route and queue a request; returns its id."""
+        # LoRA is refused with internal data parallelism at configuration time.
+        assert lora_request is None, "LoRA runs without internal data parallelism"
         if request_id is None:
             request_id = str(next(self._ids))
             while request_id in self._where:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.platforms.cpu import pin_to_cpus
 from minivllm.sampling_params import SamplingParams
@@ -26,8 +25,6 @@ from minivllm.stats import SchedulerStats
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
-
-logger = init_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,13 +87,6 @@ class EngineHost:
         self.cpus = cpus
         self.threads = threads
         self.engine = LLMEngine(config)
-        logger.info(
-            "data-parallel engine %d ready (pid %d, cores %s, %d thread(s))",
-            index,
-            os.getpid(),
-            cpus if cpus is not None else "all",
-            threads,
-        )
 
     def info(self) -> ReplicaInfo:
         config = self.engine.vllm_config

@@ -5,6 +5,7 @@ writes an empty, closed thinking block into the prompt)."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from model_helpers import save_random_hf_model
@@ -28,7 +29,8 @@ def build_reasoning_model(path: Path) -> Path:
     from minivllm.tokenizer import get_tokenizer
     from minivllm.transformers_utils.config import default_model_path
 
-    tokenizer = get_tokenizer(default_model_path())
+    # A copy: get_tokenizer caches its tokenizers, and other tests share this one.
+    tokenizer = copy.deepcopy(get_tokenizer(default_model_path()))
     tokenizer.add_tokens(["<think>", "</think>"])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)

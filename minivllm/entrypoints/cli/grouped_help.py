@@ -20,6 +20,18 @@ def is_engine_group(group: argparse._ArgumentGroup) -> bool:
     return bool(group.title and group.title.endswith(ENGINE_GROUP_SUFFIX))
 
 
+def collapsed_group(parser: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
+    """A group of the command's own flags that the short ``--help`` lists by name and
+    count, as it lists the engine groups (``--help=<title>`` shows its flags)."""
+    group = parser.add_argument_group(title)
+    group.collapsed = True  # type: ignore[attr-defined]
+    return group
+
+
+def _is_collapsed(group: argparse._ArgumentGroup) -> bool:
+    return is_engine_group(group) or getattr(group, "collapsed", False)
+
+
 def _visible(actions: list[argparse.Action]) -> list[argparse.Action]:
     return [a for a in actions if a.help != argparse.SUPPRESS]
 
@@ -46,13 +58,13 @@ def grouped_help(parser: argparse.ArgumentParser, topic: str | None) -> str:
     if topic is not None and topic.lower() == "all":
         return parser.format_help()
     groups = [g for g in parser._action_groups if _visible(g._group_actions)]
-    engine = [g for g in groups if is_engine_group(g)]
+    engine = [g for g in groups if _is_collapsed(g)]
     if topic is None:
-        own = [g for g in groups if not is_engine_group(g)]
+        own = [g for g in groups if not _is_collapsed(g)]
         # The command's own groups, sampling first, then the rest in their order.
         own.sort(key=lambda g: g.title != "sampling")
         sections = [(g.title, g.description, _visible(g._group_actions)) for g in own]
-        lines = ["engine flags, by group (show one with --help=<group>, all with --help=all):"]
+        lines = ["more flags, by group (show one with --help=<group>, all with --help=all):"]
         width = max((len(g.title or "") for g in engine), default=0)
         for g in engine:
             count = len(_visible(g._group_actions))

@@ -1,7 +1,8 @@
 """``minivllm serve [MODEL] [engine flags] [server flags]``: the OpenAI-compatible server.
 
 With no MODEL it serves the bundled default model.  Every engine flag of
-``minivllm config`` applies; the server flags are listed under "server".
+``minivllm config`` applies; the server flags are listed under "server" and
+"server limits and CORS".
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from minivllm.entrypoints.cli.grouped_help import collapsed_group
 from minivllm.entrypoints.lora_modules import parse_lora_module
 from minivllm.entrypoints.model_tag import add_model_tag_argument
 from minivllm.entrypoints.openai.responses.store import add_store_arguments, store_limits_of
@@ -54,58 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default, since prompts are the users' data.",
     )
     server.add_argument(
-        "--allowed-origins",
-        type=_string_list,
-        default=["*"],
-        help='CORS: origins allowed to call the API, a JSON list (default: ["*"]).',
-    )
-    server.add_argument(
-        "--allowed-methods",
-        type=_string_list,
-        default=["*"],
-        help='CORS: allowed methods, a JSON list (default: ["*"]).',
-    )
-    server.add_argument(
-        "--allowed-headers",
-        type=_string_list,
-        default=["*"],
-        help='CORS: allowed request headers, a JSON list (default: ["*"]).',
-    )
-    server.add_argument(
-        "--allow-credentials",
-        action="store_true",
-        help="CORS: allow credentials (cookies, Authorization) in cross-origin requests.",
-    )
-    server.add_argument(
-        "--max-request-body-bytes",
-        type=int,
-        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
-        help="Largest request body accepted, in bytes; larger ones get a 413 before they "
-        f"are read (default: {DEFAULT_MAX_REQUEST_BODY_BYTES}, 16 MiB).",
-    )
-    server.add_argument(
-        "--timeout-keep-alive",
-        type=int,
-        default=DEFAULT_TIMEOUT_KEEP_ALIVE_S,
-        help="Seconds an idle keep-alive connection stays open "
-        f"(default: {DEFAULT_TIMEOUT_KEEP_ALIVE_S}).",
-    )
-    server.add_argument(
-        "--timeout-request-header",
-        type=float,
-        default=DEFAULT_HEADER_TIMEOUT_S,
-        help="Seconds a client has to send a request's line and headers, from its first "
-        "byte or the connection's opening; then 408 and the connection closes "
-        f"(default: {DEFAULT_HEADER_TIMEOUT_S:g}).",
-    )
-    server.add_argument(
-        "--timeout-request-body",
-        type=float,
-        default=DEFAULT_BODY_TIMEOUT_S,
-        help="Seconds a client has to send a whole request body after its headers; then "
-        f"408 and the connection closes (default: {DEFAULT_BODY_TIMEOUT_S:g}).",
-    )
-    server.add_argument(
         "--trust-request-chat-template",
         action="store_true",
         help="Let requests pass their own chat_template (a Jinja template the server "
@@ -140,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["critical", "error", "warning", "info", "debug", "trace"],
         help="Log level of uvicorn (the HTTP server).",
     )
-    add_store_arguments(server)
+    _add_limit_arguments(collapsed_group(parser, "server limits and CORS"))
     server.add_argument(
         "--api-server-count",
         "-asc",
@@ -151,6 +101,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     EngineArgs.add_cli_args(parser)
     _accept_several_served_names(parser)
+
+
+def _add_limit_arguments(group: argparse._ArgumentGroup) -> None:
+    """The server's HTTP limits, CORS and /v1/responses store: listed as a group in the
+    short --help (--help="server limits and CORS" shows them)."""
+    group.add_argument(
+        "--allowed-origins",
+        type=_string_list,
+        default=["*"],
+        help='CORS: origins allowed to call the API, a JSON list (default: ["*"]).',
+    )
+    group.add_argument(
+        "--allowed-methods",
+        type=_string_list,
+        default=["*"],
+        help='CORS: allowed methods, a JSON list (default: ["*"]).',
+    )
+    group.add_argument(
+        "--allowed-headers",
+        type=_string_list,
+        default=["*"],
+        help='CORS: allowed request headers, a JSON list (default: ["*"]).',
+    )
+    group.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="CORS: allow credentials (cookies, Authorization) in cross-origin requests.",
+    )
+    group.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="Largest request body accepted, in bytes; larger ones get a 413 before they "
+        f"are read (default: {DEFAULT_MAX_REQUEST_BODY_BYTES}, 16 MiB).",
+    )
+    group.add_argument(
+        "--timeout-keep-alive",
+        type=int,
+        default=DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+        help="Seconds an idle keep-alive connection stays open "
+        f"(default: {DEFAULT_TIMEOUT_KEEP_ALIVE_S}).",
+    )
+    group.add_argument(
+        "--timeout-request-header",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help="Seconds a client has to send a request's line and headers, from its first "
+        "byte or the connection's opening; then 408 and the connection closes "
+        f"(default: {DEFAULT_HEADER_TIMEOUT_S:g}).",
+    )
+    group.add_argument(
+        "--timeout-request-body",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help="Seconds a client has to send a whole request body after its headers; then "
+        f"408 and the connection closes (default: {DEFAULT_BODY_TIMEOUT_S:g}).",
+    )
+    add_store_arguments(group)
 
 
 def _string_list(value: str) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 import transformers
+from model_helpers import TINY_CONFIG
 
 WORDS = (
     "the a cat dog sat on mat sun is hot cold blue sky sea fish swims bird flies "
@@ -23,15 +24,8 @@ BERT_CONFIG: dict[str, Any] = dict(
     max_position_embeddings=128,
     type_vocab_size=2,
 )
-DECODER_CONFIG: dict[str, Any] = dict(
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-)
+DECODER_CONFIG: dict[str, Any] = {k: v for k, v in TINY_CONFIG.items() if k != "vocab_size"}
+"""The other tests' tiny decoder; the vocabulary comes from the test's tokenizer."""
 
 
 def save_bert_tokenizer(path: Path) -> Any:

@@ -16,6 +16,11 @@
 // so the threads stay spinning between its parallel parts and nothing is
 // allocated but the two outputs.  Everything between the GEMMs is float32, as
 // in the model's own ops.
+//
+// With LoRA on, each projection may carry the per-row adapter delta of
+// minivllm/lora/layers.py's LoRALinear (its stacked slots and the step's
+// one-hot slot mask, read in place), added to the projection's output before
+// anything reads it (`LoRALayer`).
 
 #include "attention_kernels.h"
 #include "lowbit_kernels.h"
@@ -123,6 +128,103 @@ void each_token(int64_t rows, const F& f) {
   });
 }
 
+constexpr int64_t kMaxLoRARank = 512;  // LoRAConfig's largest max_lora_rank
+
+// One projection's LoRA slots: A [slices * slots * rank, in] (slice-major), one
+// B [slots * rank, width] per slice, the slices' outputs side by side.
+struct LoRADelta {
+  const float* a = nullptr;
+  std::vector<std::pair<const float*, int64_t>> b;  // per slice: B and its width
+  int64_t rank = 0, in = 0, out = 0;
+};
+
+// yr += the delta of slot `s` of `d` on one row xr: per slice, xa = A[slice, s] @ xr
+// (rank dots), then yr[slice] += xa @ B[s] (rank axpys); cloned per instruction set.
+MINIVLLM_CLONES void lora_row(const LoRADelta& d, int64_t slots, int64_t s, const float* xr,
+                              float* yr) {
+  float xa[kMaxLoRARank];
+  int64_t col = 0;
+  for (size_t i = 0; i < d.b.size(); ++i) {
+    const float* a = d.a + (static_cast<int64_t>(i) * slots + s) * d.rank * d.in;
+    for (int64_t j = 0; j < d.rank; ++j) xa[j] = dot(a + j * d.in, xr, d.in);
+    const int64_t width = d.b[i].second;
+    const float* bm = d.b[i].first + s * d.rank * width;
+    for (int64_t j = 0; j < d.rank; ++j) axpy(yr + col, xa[j], bm + j * width, width);
+    col += width;
+  }
+}
+
+// The LoRA deltas of one layer's four projections and each row's slot.
+struct LoRALayer {
+  std::vector<int64_t> slot;  // per row: the slot its mask row marks, -1 for none
+  LoRADelta proj[4];
+  int64_t slots = 0;
+
+  // y [rows, out] += each row's own slot's delta of projection p on x [rows, in]:
+  // a row computes only its own slot (punica's BGMV), a row without one nothing.
+  void add(int p, const float* x, int64_t rows, float* y) const {
+    const LoRADelta& d = proj[p];
+    if (d.a == nullptr) return;
+    each_token(rows, [&](int64_t r) {
+      if (slot[r] >= 0) lora_row(d, slots, slot[r], x + r * d.in, y + r * d.out);
+    });
+  }
+};
+
+// Tensors of `lora` one layer's projections take: per projection with n > 0
+// slices in `counts`, its A and n Bs.
+int64_t lora_tensors(at::IntArrayRef counts) {
+  int64_t n = 0;
+  for (int64_t c : counts) n += c > 0 ? 1 + c : 0;
+  return n;
+}
+
+// The LoRA part of `decoder_layer`'s inputs (no `lora` tensors: no LoRA).
+LoRALayer make_lora(const c10::optional<at::Tensor>& mask, at::IntArrayRef counts,
+                    at::TensorList lora, int64_t rows, const int64_t (&ins)[4],
+                    const int64_t (&outs)[4]) {
+  LoRALayer l;
+  if (lora.empty()) return l;
+  TORCH_CHECK(counts.size() == 4 && lora_tensors(counts) == static_cast<int64_t>(lora.size()),
+              "decoder_layer: lora_slices and lora tensors do not match");
+  TORCH_CHECK(mask.has_value() && mask->dim() == 2 && mask->scalar_type() == at::kFloat &&
+                  mask->size(0) >= rows && mask->stride(1) == 1,
+              "decoder_layer: the LoRA mask must be float32 [>= tokens, slots]");
+  l.slots = mask->size(1);
+  const float* m = mask->data_ptr<float>();
+  l.slot.assign(rows, -1);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < l.slots; ++j)
+      if (m[r * mask->stride(0) + j] != 0.f) {
+        l.slot[r] = j;
+        break;
+      }
+  size_t next = 0;
+  for (int p = 0; p < 4; ++p) {
+    const int64_t n = counts[p];
+    if (n == 0) continue;
+    const at::Tensor& a = lora[next++];
+    TORCH_CHECK(a.is_contiguous() && a.scalar_type() == at::kFloat && a.dim() == 2 &&
+                    a.size(1) == ins[p] && a.size(0) % (n * l.slots) == 0,
+                "decoder_layer: a LoRA A is not float32 [slices * slots * rank, in]");
+    LoRADelta& d = l.proj[p];
+    d.a = a.data_ptr<float>();
+    d.in = ins[p];
+    d.rank = a.size(0) / (n * l.slots);
+    TORCH_CHECK(d.rank <= kMaxLoRARank, "decoder_layer: LoRA rank above 512");
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor& b = lora[next++];
+      TORCH_CHECK(b.is_contiguous() && b.scalar_type() == at::kFloat && b.dim() == 2 &&
+                      b.size(0) == l.slots * d.rank,
+                  "decoder_layer: a LoRA B is not float32 [slots * rank, out]");
+      d.b.emplace_back(b.data_ptr<float>(), b.size(1));
+      d.out += b.size(1);
+    }
+    TORCH_CHECK(d.out == outs[p], "decoder_layer: LoRA B widths do not add up to the output");
+  }
+  return l;
+}
+
 struct Scratch {
   QuantizedRows act;
   std::vector<float> x, qkv, q, k, attn, o, gu, h;
@@ -141,7 +243,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     const at::Tensor& ln2, at::TensorList weights, at::IntArrayRef kinds, const at::Tensor& cos_sin,
     const at::Tensor& positions, at::Tensor cache, const at::Tensor& block_table,
     const at::Tensor& seq_lens, const at::Tensor& slots, int64_t num_heads, double eps,
-    double scale, int64_t window) {
+    double scale, int64_t window, const c10::optional<at::Tensor>& lora_mask,
+    at::IntArrayRef lora_slices, at::TensorList lora) {
   TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
               "decoder_layer: hidden must be contiguous float32 [tokens, hidden]");
   TORCH_CHECK(weights.size() == 8 && kinds.size() == 4,
@@ -177,6 +280,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   const Linear down = make_linear(weights[6], weights[7], kinds[3], inter, "down_proj");
   TORCH_CHECK(qkv.out == qs + 2 * kvs && o.out == H && down.out == H && gu.out == 2 * inter,
               "decoder_layer: weight shapes do not match the hidden size and heads");
+  const LoRALayer lr = make_lora(lora_mask, lora_slices, lora, B, {H, qs, H, inter},
+                                 {qkv.out, H, gu.out, H});
   const at::Tensor w1 = ln1.to(at::kFloat).contiguous(), w2 = ln2.to(at::kFloat).contiguous();
   const at::Tensor pos = positions.contiguous(), table = block_table.contiguous();
   const at::Tensor lens = seq_lens.contiguous(), sl = slots.contiguous();
@@ -218,6 +323,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     rms_norm(rp + b * H, w1.data_ptr<float>(), eps_f, H, t.x.data() + b * H);
   });
   qkv(t.x.data(), B, t.qkv.data(), t.act);
+  lr.add(0, t.x.data(), B, t.qkv.data());
   each_token(B, [&](int64_t b) {
     const float* row = t.qkv.data() + b * qkv.out;
     const float* cos = cs + pp[b] * rot;
@@ -235,6 +341,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     layer_attention(s, cache.data_ptr<c10::BFloat16>(), t.q.data(), t.k.data(), v, qkv.out, sl,
                     table, lens, t.attn.data());
   o(t.attn.data(), B, t.o.data(), t.act);
+  lr.add(1, t.attn.data(), B, t.o.data());
 
   // MLP block.
   each_token(B, [&](int64_t b) {
@@ -244,11 +351,13 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     rms_norm(r, w2.data_ptr<float>(), eps_f, H, t.x.data() + b * H);
   });
   gu(t.x.data(), B, t.gu.data(), t.act);
+  lr.add(2, t.x.data(), B, t.gu.data());
   each_token(B, [&](int64_t b) {
     const float* row = t.gu.data() + b * gu.out;
     silu_mul(row, row + inter, inter, t.h.data() + b * inter);
   });
   down(t.h.data(), B, out.data_ptr<float>(), t.act);
+  lr.add(3, t.h.data(), B, out.data_ptr<float>());
   return {out, res};
 }
 
@@ -256,25 +365,35 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
 // first without a residual.  Per layer: 2 norms in `norms`, 8 tensors in
 // `weights` and 4 kinds in `kinds` (as `decoder_layer` takes them), its KV
 // cache in `caches`; every layer reads the same block table (one KV cache
-// group) and has the same sliding window.  One op call per step instead of one
-// per layer.
+// group) and has the same sliding window.  With LoRA, 4 counts per layer in
+// `lora_slices` and the layers' `lora` tensors one layer after the other.  One
+// op call per step instead of one per layer.
 std::tuple<at::Tensor, at::Tensor> decoder_stack(
     const at::Tensor& hidden, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
     const at::Tensor& cos_sin, const at::Tensor& positions, at::TensorList caches,
     const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& slots,
-    int64_t num_heads, double eps, double scale, int64_t window) {
+    int64_t num_heads, double eps, double scale, int64_t window,
+    const c10::optional<at::Tensor>& lora_mask, at::IntArrayRef lora_slices, at::TensorList lora) {
   const size_t layers = caches.size();
   TORCH_CHECK(layers > 0 && norms.size() == 2 * layers && weights.size() == 8 * layers &&
                   kinds.size() == 4 * layers,
               "decoder_stack: 2 norms, 8 weight tensors and 4 kinds per layer");
+  TORCH_CHECK(lora.empty() || lora_slices.size() == 4 * layers,
+              "decoder_stack: 4 lora_slices per layer");
   std::tuple<at::Tensor, at::Tensor> state{hidden, at::Tensor()};
+  size_t next = 0;
   for (size_t l = 0; l < layers; ++l) {
     const at::Tensor& res = std::get<1>(state);
+    at::IntArrayRef counts = lora.empty() ? at::IntArrayRef() : lora_slices.slice(4 * l, 4);
+    const size_t n = lora.empty() ? 0 : static_cast<size_t>(lora_tensors(counts));
+    TORCH_CHECK(next + n <= lora.size(), "decoder_stack: too few lora tensors");
     state = decoder_layer(std::get<0>(state),
                           res.defined() ? c10::optional<at::Tensor>(res) : c10::nullopt,
                           norms[2 * l], norms[2 * l + 1], weights.slice(8 * l, 8),
                           kinds.slice(4 * l, 4), cos_sin, positions, caches[l], block_table,
-                          seq_lens, slots, num_heads, eps, scale, window);
+                          seq_lens, slots, num_heads, eps, scale, window, lora_mask, counts,
+                          lora.slice(next, n));
+    next += n;
   }
   return state;
 }
@@ -285,13 +404,13 @@ TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
   m.def(
       "decoder_stack(Tensor hidden, Tensor[] norms, Tensor[] weights, int[] kinds, "
       "Tensor cos_sin, Tensor positions, Tensor(a!)[] caches, Tensor block_table, "
-      "Tensor seq_lens, Tensor slots, int num_heads, float eps, float scale, int window) "
-      "-> (Tensor, Tensor)");
+      "Tensor seq_lens, Tensor slots, int num_heads, float eps, float scale, int window, "
+      "Tensor? lora_mask, int[] lora_slices, Tensor[] lora) -> (Tensor, Tensor)");
   m.def(
       "decoder_layer(Tensor hidden, Tensor? residual, Tensor ln1, Tensor ln2, Tensor[] weights, "
       "int[] kinds, Tensor cos_sin, Tensor positions, Tensor(a!) cache, Tensor block_table, "
-      "Tensor seq_lens, Tensor slots, int num_heads, float eps, float scale, int window) "
-      "-> (Tensor, Tensor)");
+      "Tensor seq_lens, Tensor slots, int num_heads, float eps, float scale, int window, "
+      "Tensor? lora_mask, int[] lora_slices, Tensor[] lora) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {

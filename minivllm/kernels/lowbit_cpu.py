@@ -24,7 +24,8 @@ Ops (all CPU, float32 out):
   scale, window)``: writes one decode step's K/V into the paged ``cache`` in
   place and returns the step's attention (`minivllm.attention.decode_graph`);
 - ``decoder_layer(hidden, residual, ln1, ln2, weights, kinds, cos_sin, positions,
-  cache, ...)``: one Llama-style decoder layer of a decode step, and
+  cache, ..., lora_mask, lora_slices, lora)``: one Llama-style decoder layer of a
+  decode step (with each row's LoRA delta where ``lora`` holds adapter slots), and
   ``decoder_stack(...)`` all of a model's in one call
   (`minivllm.model_executor.layers.fused_decoder_layer`).
 """

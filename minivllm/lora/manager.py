@@ -98,9 +98,4 @@ def make_lora_manager(
     if lora_config is None:
         return None
     max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens or 2048
-    if device.type == "cpu":
-        logger.info(
-            "LoRA is enabled: the CPU decode graph (fused decoder layers) is off; decode "
-            "steps run the compiled forward with the LoRA layers"
-        )
     return LoRAManager(model, lora_config, max_num_tokens, device)

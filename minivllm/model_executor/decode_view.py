@@ -11,7 +11,10 @@ buffers and KV caches are the model's own) in which
   context the call was given);
 - decoder layers that can run fused are minivllm's fused C++ layers
   (`minivllm.model_executor.layers.fused_decoder_layer.fused_layers`);
-- each ``Q4`` linear layer calls the int4 kernel directly (`Q4KernelLinear`);
+- each ``Q4`` linear layer calls the int4 kernel directly (`Q4KernelLinear`), also
+  as the base of a LoRA layer: LoRA layers (`minivllm.lora.layers.LoRALinear`) that
+  do not run fused are copied like any module, sharing their adapter slots and the
+  step's slot mask with the model (read in place by the graph at every step);
 - after every `LAYERS_PER_PIECE`-th decoder layer that is not fused, a
   ``minivllm::decode_layer_boundary`` mark splits the graph (`LayerBoundary`).
 

@@ -18,6 +18,13 @@ other low-bit GEMMs stay the opaque ``minivllm::lowbit_linear`` op, which picks
 its kernel by row count at run time.  Llama-family layers whose projections are
 all low-bit are traced as minivllm's fused C++ decoder layer instead, all of them
 as one call where they all are (`minivllm.model_executor.layers.fused_decoder_layer`).
+With LoRA on, the LoRA layers (`minivllm.lora.layers.LoRALinear`) are in the graph
+too: a fused layer adds each row's adapter delta in C++ (float32 slots over a
+native low-bit base), any other layer is traced with the LoRA layer's own torch
+ops (base GEMM, shrink, slot mask, expand).  Either way the adapter slots and the
+step's one-hot slot mask are inputs of the graph read in place, never constants:
+adapters loaded, unloaded or moved between slots after the trace (or after a
+saved trace was loaded) are what the next step computes with.
 All of that is the traced copy of the model that `minivllm.model_executor.decode_view`
 makes (the model's own code has no decode-graph branch); each step's block tables,
 context lengths and slots are the forward context's `DecodeStep`, an argument of
@@ -31,8 +38,12 @@ forward's and a later start loads it (`minivllm.compilation.traced_call`).  Step
 tokens, more than `DECODE_GRAPH_MAX_SEQS` requests) keep the piecewise forward.
 
 Used in the ``VLLM_COMPILE`` mode on CPU without tensor or pipeline parallelism,
-when every attention layer uses the CPU backend, the KV cache is not fp8 and
-``calculate_kv_scales`` is off; ``MINIVLLM_CPU_DECODE_GRAPH=0`` turns it off.
+for generating models (with or without LoRA), when every attention layer uses the
+CPU backend, the KV cache is not fp8 and ``calculate_kv_scales`` is off;
+``MINIVLLM_CPU_DECODE_GRAPH=0`` turns it off.  The saved trace lives under the
+config hash, which covers the LoRA config (on or off, ``max_loras``,
+``max_lora_rank``, ``lora_dtype``, target modules): a LoRA engine never loads the
+trace of a LoRA-less one, nor one of other slots.
 `decode_graph_wanted` is the one place that decides.
 """
 
@@ -88,8 +99,6 @@ def decode_graph_wanted(vllm_config: VllmConfig, attn_layers: dict[str, Any]) ->
         return "tensor/pipeline parallelism (the graph is traced for one process)"
     if not attn_layers:
         return "no attention layers"
-    if vllm_config.lora_config is not None:
-        return "LoRA is enabled (the graph's fused layers have no LoRA delta)"
     model_config = vllm_config.model_config
     if model_config.runner_type == "pooling":
         return "a pooling model (its requests never decode)"

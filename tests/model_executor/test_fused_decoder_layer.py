@@ -242,3 +242,49 @@ def test_stack_of_layers_matches_layer_by_layer() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MINIVLLM_CPU_FUSED_LAYERS", "0")
         assert fused_layers(layers, torch.float32, handle) == [None] * len(layers)
+
+
+@pytest.mark.parametrize(
+    "kinds,modules",
+    [
+        ((Q4, Q4, Q4, Q4), ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")),
+        ((Q4, INT8, Q4, INT8), ("qkv_proj", "gate_up_proj", "down_proj")),
+    ],
+    ids=["q4-all", "mixed-no-o"],
+)
+def test_fused_layer_adds_each_rows_lora_delta(
+    kinds: tuple[int, int, int, int], modules: tuple[str, ...]
+) -> None:
+    """LoRA layers (`LoRALinear`, three slots, ranks up to 8) on the projections: the
+    fused layer adds each row's own adapter delta, read from the slots and the slot
+    mask in place, as the LoRA layers' torch ops do; rows without an adapter get none."""
+    from minivllm.lora.layers import LoRARows, apply_lora
+
+    layer = _layer(kinds, HD, None)
+    rows = LoRARows(3, 16, torch.float32, torch.device("cpu"))
+    lora = apply_lora(layer, modules, rows, 8, torch.float32)
+    gen = torch.Generator().manual_seed(11)
+    for slot, rank in enumerate((8, 4, 8)):
+        for wrapped in lora.values():
+            weights = {
+                i: (torch.randn(rank, wrapped.base.input_size, generator=gen) * 0.1,
+                    torch.randn(size, rank, generator=gen) * 0.1)
+                for i, (_, size) in enumerate(wrapped.slices)
+                if slot != 1 or i != 1  # slot 1 leaves k (or up) out
+            }  # fmt: skip
+            wrapped.set_slot(slot, weights)
+    lens = [5, 9, 1, 17, 3]
+    rows.set_rows([1, 0, 3, 2, 1])
+    want = _step(layer, lens, torch.float32, False, True)
+    got = _step(layer, lens, torch.float32, True, True)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    # The delta is there: without adapters the rows' outputs change, except the base row's.
+    rows.set_rows([0] * len(lens))
+    plain = _step(layer, lens, torch.float32, True, True)[0]
+    moved = (plain - got[0]).abs().amax(dim=1) > 1e-3
+    assert moved.tolist() == [True, False, True, True, True]
+    # Slots of another dtype than the fused layer computes in: not fused.
+    for wrapped in lora.values():
+        wrapped.lora_a = wrapped.lora_a.bfloat16()
+    assert not fusable(layer, torch.float32)

@@ -17,6 +17,13 @@ activations; minivllm's C++ kernels loaded; the four projections in a native
 low-bit form (``Q4``, or ``INT8`` with inputs a multiple of 64) without biases;
 no q/k norm; the rotary table's layout (`RotaryEmbedding`); a float32 or
 bfloat16 KV cache.  ``MINIVLLM_CPU_FUSED_LAYERS=0`` fuses nothing.
+
+With LoRA on, a projection may be a LoRA layer (`minivllm.lora.layers.LoRALinear`,
+read here by its attributes: this module sits below ``minivllm.lora``): its base
+must be native low-bit and its slots float32; the C++ layer adds each row's
+adapter delta from the stacked slots and the step's one-hot slot mask, both read
+in place at every call (`lora_args`), so adapters loaded into slots after the
+trace, and each step's rows, are what the graph computes with.
 """
 
 from __future__ import annotations
@@ -39,7 +46,42 @@ _CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
 LayerParts = tuple[tuple[RMSNorm, RMSNorm], tuple[Any, Any, Any, Any], Any, RotaryEmbedding]
 """``(norms, linears, attn, rotary)`` of one fusable layer, as `fused_decoder_layer`
-takes them; ``linears`` are ``(qkv_proj, o_proj, gate_up_proj, down_proj)``."""
+takes them; ``linears`` are ``(qkv_proj, o_proj, gate_up_proj, down_proj)`` as the
+layer holds them (a LoRA layer or its base)."""
+
+LoRAArgs = tuple[torch.Tensor | None, list[int], list[torch.Tensor]]
+"""The C++ layer's LoRA inputs: the one-hot slot mask (None: no LoRA), per
+projection its slice count (0: no LoRA), and per adapted projection its stacked A
+then one B per slice."""
+
+
+def base_linear(linear: Any) -> Any:
+    """The projection that holds the low-bit weight: ``linear`` itself, or the base
+    a LoRA layer wraps."""
+    return getattr(linear, "base", linear)
+
+
+def _lora_tensors(linear: Any) -> list[torch.Tensor]:
+    """A LoRA layer's stacked slots (A of all slices, then each slice's B), as the
+    LoRA layer keeps them; empty for a plain projection."""
+    a = getattr(linear, "lora_a", None)
+    if a is None:
+        return []
+    return [a, *(getattr(linear, f"lora_b{i}") for i in range(len(linear.slices)))]
+
+
+def lora_args(parts: list[LayerParts]) -> LoRAArgs:
+    """The LoRA inputs of ``parts``' layers for ``decoder_layer`` / ``decoder_stack``
+    (4 counts per layer); no LoRA layer: ``(None, [], [])``."""
+    mask, counts, tensors = None, [], []
+    for _, linears, _, _ in parts:
+        for linear in linears:
+            mine = _lora_tensors(linear)
+            counts.append(max(len(mine) - 1, 0))
+            tensors += mine
+            if mine:
+                mask = linear.rows.mask
+    return (mask, counts, tensors) if tensors else (None, [], [])
 
 
 def layer_parts(layer: nn.Module) -> LayerParts:
@@ -51,7 +93,13 @@ def layer_parts(layer: nn.Module) -> LayerParts:
 
 
 def _native_linear(linear: Any) -> bool:
-    kind = linear.quant_kind
+    lora = _lora_tensors(linear)
+    if any(t.dtype != torch.float32 for t in lora) or (
+        lora and linear.rows.mask.dtype != torch.float32
+    ):
+        return False
+    linear = base_linear(linear)
+    kind = getattr(linear, "quant_kind", None)
     if linear.bias is not None or kind not in (Q4, INT8):
         return False
     return kind == Q4 or linear.input_size % lowbit_cpu.Q8_GROUP == 0
@@ -106,13 +154,19 @@ def fused_decoder_layer(
     writing this step's K/V into ``attn.kv_cache``; `fusable` must have said yes."""
     norms, linears, attn, rotary = parts
     group = attn.kv_group
-    weights = [t for lin in linears for t in (lin.qweight, lin.qscales)]
+    weights, kinds = _weights([parts])
     return torch.ops.minivllm_cpu.decoder_layer(
-        hidden, residual, norms[0].weight, norms[1].weight, weights,
-        [lin.quant_kind for lin in linears], rotary.cos_sin_cache, positions, attn.kv_cache,
-        step.block_tables[group], step.seq_lens, step.slots[group], attn.num_heads,
-        norms[0].variance_epsilon, attn.scale, attn.sliding_window or 0,
+        hidden, residual, norms[0].weight, norms[1].weight, weights, kinds,
+        rotary.cos_sin_cache, positions, attn.kv_cache, step.block_tables[group],
+        step.seq_lens, step.slots[group], attn.num_heads, norms[0].variance_epsilon,
+        attn.scale, attn.sliding_window or 0, *lora_args([parts]),
     )  # fmt: skip
+
+
+def _weights(parts: list[LayerParts]) -> tuple[list[torch.Tensor], list[int]]:
+    """The layers' low-bit weights and scales (8 a layer) and kinds (4 a layer)."""
+    bases = [base_linear(lin) for _, linears, _, _ in parts for lin in linears]
+    return [t for b in bases for t in (b.qweight, b.qscales)], [b.quant_kind for b in bases]
 
 
 def fused_decoder_stack(
@@ -124,15 +178,13 @@ def fused_decoder_stack(
     first_norms, _, first_attn, first_rotary = layers[0]
     group = first_attn.kv_group
     norm_weights = [n.weight for norms, _, _, _ in layers for n in norms]
-    weights = [
-        t for _, linears, _, _ in layers for lin in linears for t in (lin.qweight, lin.qscales)
-    ]
-    kinds = [lin.quant_kind for _, linears, _, _ in layers for lin in linears]
+    weights, kinds = _weights(layers)
     caches = [attn.kv_cache for _, _, attn, _ in layers]
     return torch.ops.minivllm_cpu.decoder_stack(
         hidden, norm_weights, weights, kinds, first_rotary.cos_sin_cache, positions, caches,
         step.block_tables[group], step.seq_lens, step.slots[group], first_attn.num_heads,
         first_norms[0].variance_epsilon, first_attn.scale, first_attn.sliding_window or 0,
+        *lora_args(layers),
     )  # fmt: skip
 
 
@@ -203,11 +255,14 @@ __all__ = [
     "FusedDecoderLayer",
     "FusedDecoderStack",
     "LayerParts",
+    "LoRAArgs",
     "RunByStack",
+    "base_linear",
     "fusable",
     "fused_decoder_layer",
     "fused_decoder_stack",
     "fused_layers",
     "layer_parts",
+    "lora_args",
     "stackable",
 ]

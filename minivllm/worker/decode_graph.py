@@ -64,6 +64,7 @@ from minivllm.compilation.traced_call import trace_once
 from minivllm.config.compilation.modes import CompilationMode
 from minivllm.kernels import lowbit_cpu
 from minivllm.logger import init_logger
+from minivllm.lora.layers import LoRALinear
 from minivllm.math_utils import cdiv
 from minivllm.model_executor.decode_view import LAYER_BOUNDARY_OP, DecodeView, decode_view
 from minivllm.model_executor.layers.quantized_linear import Q4_MAX_TOKENS
@@ -149,6 +150,7 @@ class CpuDecodeGraph:
         self.num_groups = 1 + max(layer.kv_group for layer in self.attn_layers.values())
         self.native_attention = lowbit_cpu.available()
         view, self.num_fused_layers = decode_view(self.model, self.dtype, self.native_attention)
+        name_lora_mask(view, self.model)
         self.view = view
 
         self.backend = VllmBackend(
@@ -216,6 +218,16 @@ class CpuDecodeGraph:
             return self._fn(ids, pos, ctx)
 
 
+def name_lora_mask(view: nn.Module, model: nn.Module) -> None:
+    """Register the LoRA slot mask (`LoRARows.mask`, which the LoRA layers read as an
+    attribute) as a buffer of ``view``, so that a saved trace's tensor signature
+    (`minivllm.compilation.aot.tensor_signature`) covers the number of slots: slots x
+    rank alone would not tell 2 slots of rank 16 from 1 of rank 32."""
+    mask = next((m.rows.mask for m in model.modules() if isinstance(m, LoRALinear)), None)
+    if mask is not None:
+        view.register_buffer("lora_slot_mask", mask, persistent=False)
+
+
 def _table(block_tables: torch.Tensor, width: int) -> torch.Tensor:
     """The first ``width`` columns of the block tables, contiguous (zeros past the end)."""
     cols = block_tables.shape[1]
@@ -225,4 +237,4 @@ def _table(block_tables: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([block_tables, pad], dim=1)
 
 
-__all__ = ["DECODE_GRAPH_MAX_SEQS", "CpuDecodeGraph", "decode_graph_wanted"]
+__all__ = ["DECODE_GRAPH_MAX_SEQS", "CpuDecodeGraph", "decode_graph_wanted", "name_lora_mask"]

@@ -115,7 +115,7 @@ def test_int4_layers_fuse_with_their_lora_deltas(tmp_path: Path) -> None:
     assert lowbit_cpu.available(), "minivllm's C++ kernels did not build here"
     model = tmp_path / "tiny.gguf"
     write_tiny_gguf(str(model), tie=True, num_layers=2, layer_type=GGMLQuantizationType.Q4_1)
-    llm = lora_llm(model, max_loras=2)
+    llm = lora_llm(model, max_loras=2, compilation_config=EAGER_PIECES)
     graph = decode_graph(llm)
     assert graph.num_fused_layers == 2
     hf_config = llm.llm_engine.vllm_config.model_config.hf_text_config
@@ -154,6 +154,7 @@ def test_saved_traces_are_keyed_on_the_lora_config() -> None:
     from minivllm.lora.layers import LoRARows, apply_lora
     from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding
     from minivllm.model_executor.models.llama import AttnOptions, LlamaDecoderLayer
+    from minivllm.worker.decode_graph import name_lora_mask
 
     model = ModelConfig()
     variants = [None, LoRAConfig(), LoRAConfig(max_loras=2), LoRAConfig(max_lora_rank=32)]
@@ -170,11 +171,16 @@ def test_saved_traces_are_keyed_on_the_lora_config() -> None:
         if slots is not None:
             rows = LoRARows(slots, 8, torch.float32, torch.device("cpu"))
             apply_lora(layer, ("qkv_proj", "o_proj"), rows, rank, torch.float32)
-        return tensor_signature(layer)
+        view = torch.nn.Module()  # what the decode graph traces: a copy sharing tensors
+        view.layer = layer
+        name_lora_mask(view, layer)
+        return tensor_signature(view)
 
+    # 2 slots of rank 16 stack as many rows as 1 slot of rank 32: the mask tells them apart.
     assert len({signature(None), signature(1), signature(2), signature(1, 32)}) == 4
 
 
+@pytest.mark.slow  # two Inductor starts; the keyed-trace test and the int4 test cover the parts
 def test_a_saved_lora_trace_loads_and_follows_adapters_loaded_later(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -42,8 +42,10 @@ for generating models (with or without LoRA), when every attention layer uses th
 CPU backend, the KV cache is not fp8 and ``calculate_kv_scales`` is off;
 ``MINIVLLM_CPU_DECODE_GRAPH=0`` turns it off.  The saved trace lives under the
 config hash, which covers the LoRA config (on or off, ``max_loras``,
-``max_lora_rank``, ``lora_dtype``, target modules): a LoRA engine never loads the
-trace of a LoRA-less one, nor one of other slots.
+``max_lora_rank``, ``lora_dtype``, target modules), and is checked against the
+shapes of the traced module's tensors, the LoRA slots and slot mask among them
+(`name_lora_mask`), also with an explicit ``cache_dir``: a LoRA engine never loads
+the trace of a LoRA-less one, nor one of other slots or ranks.
 `decode_graph_wanted` is the one place that decides.
 """
 

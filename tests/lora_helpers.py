@@ -43,6 +43,38 @@ def save_peft_adapter(
     return model
 
 
+def peft_reference(
+    model: torch.nn.Module, prompt: list[int], num_tokens: int
+) -> tuple[list[int], list[float]]:
+    """Greedy tokens and their log-probabilities from an HF (or peft) model."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=num_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    tokens = out.sequences[0, len(prompt) :].tolist()
+    logprobs = [
+        float(s[0].float().log_softmax(-1)[t]) for s, t in zip(out.logits, tokens, strict=True)
+    ]
+    return tokens, logprobs
+
+
+def check_output(output: Any, want: tuple[list[int], list[float]], tol: float = 2e-4) -> None:
+    """A `RequestOutput` (sampled with ``logprobs=1``) has ``want``'s tokens and
+    log-probabilities within ``tol``."""
+    import pytest
+
+    completion = output.outputs[0]
+    assert completion.token_ids == want[0]
+    got = [
+        entry[t].logprob for entry, t in zip(completion.logprobs, completion.token_ids, strict=True)
+    ]
+    assert got == pytest.approx(want[1], abs=tol)
+
+
 def write_random_adapter(
     path: Path,
     hf_config: Any,

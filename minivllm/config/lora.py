@@ -35,8 +35,12 @@ class LoRAConfig:
     """Most distinct adapters in one batch (>= 1); requests for further adapters wait
     until a running adapter's requests finish."""
     fully_sharded_loras: bool = False
-    """Shard the whole LoRA computation over tensor-parallel ranks (minivllm serves LoRA
-    in one process, so this changes nothing yet; kept for vLLM's configs)."""
+    """Under tensor parallelism, shard the adapters' shrink too: by default the ranks of
+    a column-parallel layer (q/k/v, gate/up) each hold the whole A and their rows of B;
+    with this on each holds ``max_lora_rank / tensor_parallel_size`` rows of A and the
+    shrunk activations are all-gathered (row-parallel layers likewise split B's output
+    and all-reduce the shrunk activations).  Less adapter memory per rank, one more
+    collective per layer; faster at high ranks or many ranks.  One process: no effect."""
     max_cpu_loras: int | None = None
     """Most adapters kept loaded in host memory (least recently used dropped beyond it);
     must be >= ``max_loras``.  None: ``max_loras``."""
@@ -94,6 +98,16 @@ class LoRAConfig:
                 self.lora_dtype = model_config.dtype
         elif isinstance(self.lora_dtype, str):
             self.lora_dtype = getattr(torch, self.lora_dtype)
+
+    def verify_with_parallel_config(self, tensor_parallel_size: int) -> None:
+        """``fully_sharded_loras`` splits ``max_lora_rank`` evenly over the TP ranks."""
+        if self.fully_sharded_loras and self.max_lora_rank % tensor_parallel_size:
+            raise ValueError(
+                f"fully_sharded_loras splits each adapter's rank over the tensor-parallel "
+                f"ranks, and max_lora_rank ({self.max_lora_rank}) is not divisible by "
+                f"tensor_parallel_size ({tensor_parallel_size}); raise --max-lora-rank or "
+                "drop --fully-sharded-loras."
+            )
 
     def compute_hash(self) -> str:
         """Ranks, slots, sharding, dtype and target modules shape the LoRA layers; the

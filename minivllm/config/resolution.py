@@ -194,20 +194,21 @@ def _resolve_cache_manager(cfg: VllmConfig, prov: Provenance) -> None:
 
 
 def _verify_lora(cfg: VllmConfig, prov: Provenance) -> None:
-    """LoRA: the adapter dtype from the model's; one process only (for now)."""
+    """LoRA: the adapter dtype from the model's; tensor parallelism yes, pipeline
+    parallelism not yet."""
     lora = cfg.lora_config
     if lora is None:
         return
     with _step(prov, "rule", "lora_dtype", "LoRA dtype 'auto' follows the model dtype"):
         lora.verify_with_model_config(cfg.model_config)
     parallel_config = cfg.parallel_config
-    if parallel_config.world_size > 1:
+    if parallel_config.pipeline_parallel_size > 1:
         raise ValueError(
-            "LoRA is not supported by minivllm yet with tensor or pipeline parallelism "
-            f"(tensor_parallel_size={parallel_config.tensor_parallel_size}, "
-            f"pipeline_parallel_size={parallel_config.pipeline_parallel_size}); drop "
-            "--enable-lora or run on one process."
+            "LoRA is not supported by minivllm yet with pipeline parallelism "
+            f"(pipeline_parallel_size={parallel_config.pipeline_parallel_size}); drop "
+            "--enable-lora or use --tensor-parallel-size alone."
         )
+    lora.verify_with_parallel_config(parallel_config.tensor_parallel_size)
 
 
 def _check_data_parallel_features(cfg: VllmConfig) -> None:

@@ -111,7 +111,8 @@ class LLMEngine:
         return True
 
     def remove_lora(self, lora_int_id: int) -> bool:
-        """Forget the adapter with this id (its weights age out of the worker's LRU)."""
+        """Forget the adapter with this id; every worker drops its weights with the
+        next step."""
         return self.input_processor.adapters.forget(lora_int_id)
 
     @property
@@ -196,6 +197,7 @@ class LLMEngine:
         if self.max_concurrent_batches > 1:
             return self._step_with_batch_queue()
         scheduler_output = self.scheduler.schedule()
+        scheduler_output.removed_lora_ids = self.input_processor.adapters.take_removed()
         runner_output = self.executor.execute_model(scheduler_output)
         return self._apply(scheduler_output, runner_output)
 
@@ -209,6 +211,7 @@ class LLMEngine:
         if len(queue) < self.max_concurrent_batches:
             scheduler_output = self.scheduler.schedule()
             if not scheduler_output.is_empty or not queue:
+                scheduler_output.removed_lora_ids = self.input_processor.adapters.take_removed()
                 pending = self.executor.execute_model(scheduler_output, non_block=True)
                 queue.append((scheduler_output, pending))
                 if not scheduler_output.is_empty and len(queue) < self.max_concurrent_batches:

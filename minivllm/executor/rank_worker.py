@@ -81,6 +81,12 @@ class RankWorker:
         out = self.worker.execute_model(scheduler_output)
         return out if self.is_output_rank else None
 
+    def list_loras(self) -> list[int]:
+        """Ids of the LoRA adapters loaded on this rank (vLLM's worker call)."""
+        assert self.worker is not None
+        lora = self.worker.model_runner.lora
+        return [] if lora is None else lora.loaded_ids()
+
     def pid(self) -> int:
         return os.getpid()
 

@@ -3,6 +3,7 @@ config supported, the rank within ``max_lora_rank``, every tensor the base's sha
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 from minivllm.lora.peft import PeftConfig, check_adapter, slice_shapes_of
@@ -21,6 +22,9 @@ class AdapterChecker:
         assert model_config is not None
         self.hf_config = model_config.hf_text_config
         self._checked: dict[LoRARequest, PeftConfig] = {}
+        self._removed: deque[int] = deque()
+        """Ids removed since the last step (the server's thread appends, the engine's
+        thread takes them for the workers)."""
 
     def check(self, lora_request: LoRARequest) -> PeftConfig:
         """The adapter's config; ValueError saying what is wrong and how to fix it."""
@@ -41,7 +45,16 @@ class AdapterChecker:
 
     def forget(self, lora_int_id: int) -> bool:
         """Drop the checks of the adapter with this id; False when none was known."""
-        gone = [r for r in self._checked if r.lora_int_id == lora_int_id]
+        gone = [r for r in list(self._checked) if r.lora_int_id == lora_int_id]
         for request in gone:
             del self._checked[request]
+        self._removed.append(lora_int_id)
         return bool(gone)
+
+    def take_removed(self) -> list[int]:
+        """The ids removed since the last call, for the next step's `SchedulerOutput`
+        (every rank drops those adapters' weights with the same step)."""
+        taken = []
+        while self._removed:
+            taken.append(self._removed.popleft())
+        return taken

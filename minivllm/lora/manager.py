@@ -34,7 +34,12 @@ class LoRAManager:
         self.dtype = dtype
         self.rows = LoRARows(lora_config.max_loras, max_num_tokens, dtype, device)
         self.layers: dict[str, LoRALinear] = apply_lora(
-            model, lora_config.served_modules, self.rows, lora_config.max_lora_rank, dtype
+            model,
+            lora_config.served_modules,
+            self.rows,
+            lora_config.max_lora_rank,
+            dtype,
+            lora_config.fully_sharded_loras,
         )
         self.cache: OrderedDict[LoRARequest, LoRAAdapter] = OrderedDict()
         """Loaded adapters, least recently used first (at most max_cpu_loras)."""
@@ -76,6 +81,18 @@ class LoRAManager:
             for name, layer in self.layers.items():
                 layer.set_slot(slot, adapter.weights.get(name, {}))
             self.slot_of[request] = slot
+
+    def remove_adapters(self, lora_int_ids: Sequence[int]) -> None:
+        """Drop these adapters from the host cache and their slots (the engine removed
+        them; every rank gets the same ids with the same step)."""
+        gone = set(lora_int_ids)
+        for table in (self.cache, self.slot_of):
+            for request in [r for r in table if r.lora_int_id in gone]:
+                del table[request]
+
+    def loaded_ids(self) -> list[int]:
+        """Ids of the adapters loaded here (host cache or a slot), sorted."""
+        return sorted({r.lora_int_id for r in [*self.cache, *self.slot_of]})
 
     def set_batch(
         self, lora_requests: Sequence[LoRARequest | None], num_tokens: Sequence[int]

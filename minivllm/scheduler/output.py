@@ -80,6 +80,9 @@ class SchedulerOutput:
     kv_connector_metadata: KVConnectorMetadata | None = None
     """What the KV connector's worker half loads and saves this step (None: no
     connector)."""
+    removed_lora_ids: list[int] = field(default_factory=list)
+    """LoRA adapters the engine removed since the last step: every rank drops their
+    loaded weights (filled by the engine, not the scheduler)."""
 
     @property
     def is_empty(self) -> bool:

@@ -245,6 +245,8 @@ class ModelRunner:
 
     def _execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         assert self.model is not None and self.forward_runner is not None, "load_model() first"
+        if self.lora is not None and scheduler_output.removed_lora_ids:
+            self.lora.remove_adapters(scheduler_output.removed_lora_ids)
         failed = self._update_states(scheduler_output)
         req_ids = [r for r in scheduler_output.num_scheduled_tokens if r not in failed]
         if not req_ids:

@@ -82,3 +82,34 @@ def test_lora_request_is_vllms() -> None:
     assert (req.name, req.adapter_id, req.path) == ("sql", 1, "/adapters/sql")
     with pytest.raises(ValueError, match="lora_int_id must be > 0"):
         LoRARequest("sql", 0, "/adapters/sql")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from model_helpers import save_random_hf_model
+
+    path = tmp_path_factory.mktemp("tiny")
+    save_random_hf_model(path, tie_word_embeddings=False)
+    return str(path)
+
+
+def test_tensor_parallel_is_served_pipeline_parallel_refused(tiny_model) -> None:
+    args = dict(model=tiny_model, enable_lora=True, max_lora_rank=8)
+    tp = EngineArgs(**args, tensor_parallel_size=2, fully_sharded_loras=True)
+    cfg = tp.create_engine_config()
+    assert cfg.lora_config is not None and cfg.lora_config.fully_sharded_loras
+    assert cfg.parallel_config.tensor_parallel_size == 2
+    with pytest.raises(ValueError, match="with pipeline parallelism"):
+        EngineArgs(**args, pipeline_parallel_size=2).create_engine_config()
+
+
+def test_fully_sharded_loras_needs_a_rank_the_tp_ranks_split(tiny_model) -> None:
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    flags = ["--model", tiny_model, "--enable-lora", "--fully-sharded-loras", "-tp", "2"]
+    args = EngineArgs.from_cli_args(parser.parse_args([*flags, "--max-lora-rank", "1"]))
+    with pytest.raises(ValueError, match=r"max_lora_rank \(1\) is not divisible by"):
+        args.create_engine_config()
+    # Unsharded LoRA takes any rank under TP.
+    flags.remove("--fully-sharded-loras")
+    args = EngineArgs.from_cli_args(parser.parse_args([*flags, "--max-lora-rank", "1"]))
+    assert args.create_engine_config().lora_config is not None

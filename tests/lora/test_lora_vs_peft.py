@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lora_helpers import save_peft_adapter
+from lora_helpers import check_output, peft_reference, save_peft_adapter
 from model_helpers import save_random_hf_model
 
 from minivllm import LLM, SamplingParams
@@ -56,28 +56,10 @@ def make_llm(path: Path, level: int = 0, **overrides: int) -> LLM:
 
 def reference(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], list[float]]:
     """Greedy tokens and their log-probabilities from the HF (peft) model."""
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=NUM_TOKENS,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    tokens = out.sequences[0, len(prompt) :].tolist()
-    logprobs = [
-        float(s[0].float().log_softmax(-1)[t]) for s, t in zip(out.logits, tokens, strict=True)
-    ]
-    return tokens, logprobs
+    return peft_reference(model, prompt, NUM_TOKENS)
 
 
-def check(output, want: tuple[list[int], list[float]]) -> None:
-    completion = output.outputs[0]
-    assert completion.token_ids == want[0]
-    got = [
-        entry[t].logprob for entry, t in zip(completion.logprobs, completion.token_ids, strict=True)
-    ]
-    assert got == pytest.approx(want[1], abs=2e-4)
+check = check_output
 
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, logprobs=1)

@@ -4,7 +4,8 @@ The layer classes in ``linear.py`` and ``vocab_embedding.py`` hold full weights 
 know nothing of ranks.  `shard_model` walks a freshly built model and, for each
 layer that tensor parallelism splits, (1) replaces its weight with this rank's
 shard, (2) records a `ShardSpec` telling the weight loader which slice of each
-checkpoint tensor belongs here, and (3) swaps the module's class for a subclass
+checkpoint tensor belongs here (kept as the layer's ``tp_shards``, by shard id, for
+the LoRA layers that shard adapters the same way), and (3) swaps the module's class for a subclass
 that adds the one collective the split needs:
 
 | layer | split | collective |
@@ -180,6 +181,7 @@ def _shard_output_rows(m: nn.Module, tp: GroupCoordinator) -> None:
             )
         m.weight_loader(param, narrow(loaded, specs[shard_id]), shard_id)
 
+    m.tp_shards = specs  # type: ignore[assignment]
     for name in ("weight", "bias"):
         if getattr(m, name, None) is not None:
             old = getattr(m, name)
@@ -191,6 +193,7 @@ def _shard_input_columns(m: RowParallelLinear, tp: GroupCoordinator) -> None:
     cols = m.input_size // tp.world_size
     spec = ShardSpec(1, tp.rank_in_group * cols, cols)
     m.input_size = cols
+    m.tp_shards = {None: spec}  # type: ignore[assignment]
 
     def weight_loader(param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         default_weight_loader(param, narrow(loaded, spec))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from minivllm.config.pooler import PoolerConfig
@@ -22,6 +22,11 @@ TASKS_OF_CONVERT: dict[str, tuple[str, ...]] = {
     "classify": ("classify", "score", "encode"),
 }
 """The tasks a model of each ``convert_type`` serves."""
+
+TOKEN_TYPE_SHIFT = 30
+"""A token of type 1 (the second text of a cross-encoder pair) reaches the model as
+``token_id | 1 << TOKEN_TYPE_SHIFT`` (vLLM's packing): models with token type
+embeddings (BERT) split the two, so the flat ``input_ids`` carry both."""
 
 
 @dataclass
@@ -39,6 +44,14 @@ class PoolingParams:
     """Apply the classifier's activation (softmax, or sigmoid for one label)."""
     task: PoolingTask | None = None
     """Set by the entry point (`LLM.embed`, `/v1/embeddings`, ...)."""
+    extra_kwargs: dict[str, Any] | None = None
+    """Set by the entry point: ``{"compressed_token_type_ids": k}`` for a text pair
+    run by a cross-encoder with token types: tokens ``k`` onwards have type 1."""
+
+    @property
+    def token_type_start(self) -> int | None:
+        """The first token of type 1, or None (every token has type 0)."""
+        return (self.extra_kwargs or {}).get("compressed_token_type_ids")
 
     def clone(self) -> PoolingParams:
         return copy.deepcopy(self)

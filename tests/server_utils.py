@@ -7,12 +7,14 @@ seconds; it is ready once /health answers 200.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -105,3 +107,15 @@ class RemoteServer:
                 self.proc.kill()
                 self.proc.wait()
         self.log.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def all_ready(servers: dict[str, RemoteServer]) -> Iterator[dict[str, RemoteServer]]:
+    """Servers started together: wait until each is ready, stop them all at the end."""
+    try:
+        for remote in servers.values():
+            remote.wait_ready()
+        yield servers
+    finally:
+        for remote in servers.values():
+            remote.stop()

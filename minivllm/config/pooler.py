@@ -29,11 +29,12 @@ PoolingType = Literal["LAST", "MEAN", "CLS", "ALL", "STEP"]
 POOLING_TYPES: tuple[str, ...] = ("LAST", "MEAN", "CLS", "ALL")
 """Pooling types minivllm runs (vLLM's STEP, for process reward models, is refused)."""
 
-ENCODER_ONLY_ARCHITECTURES: tuple[str, ...] = ("BertModel",)
+ENCODER_ONLY_ARCHITECTURES: tuple[str, ...] = ("BertModel", "BertForSequenceClassification")
 """Bidirectional encoders: no causal mask, so no chunked prefill and no prefix cache."""
 
 POOLING_ARCHITECTURES: tuple[str, ...] = (
     "BertModel",
+    "BertForSequenceClassification",
     "LlamaModel",
     "Qwen2Model",
     "Qwen3Model",
@@ -64,11 +65,17 @@ class PoolerConfig:
     logit_bias: float | None = None
     """Subtracted from classification logits before the activation."""
     enable_chunked_processing: bool = False
-    """vLLM: accept embedding inputs longer than ``max_model_len`` (split into
-    chunks, pooled alone, averaged). Not supported by minivllm yet: must be False."""
+    """Accept embedding inputs longer than ``max_model_len``: such an input is split
+    into chunks of at most ``max_model_len`` tokens, each chunk is embedded as its own
+    request (the model's pooling type within the chunk, then ``dimensions`` and
+    normalization), and the chunks' embeddings are averaged weighted by their token
+    counts, then normalized again when ``normalize`` is on.  Embedding requests
+    (``LLM.embed``, ``/v1/embeddings``) only; without it an over-long input is refused."""
     max_embed_len: int | None = None
-    """vLLM: the longest input ``enable_chunked_processing`` accepts. Not supported
-    by minivllm yet: must be None."""
+    """The longest embedding input accepted, in tokens.  With
+    ``enable_chunked_processing``: the bound on what is split into chunks (None: no
+    bound).  Without it: inputs are refused above ``min(max_embed_len,
+    max_model_len)``."""
     step_tag_id: int | None = None
     """STEP pooling's tag token (process reward models). Not supported."""
     returned_token_ids: list[int] | None = None
@@ -88,12 +95,9 @@ class PoolerConfig:
             )
         if self.dimensions is not None and self.dimensions < 1:
             raise ValueError(f"pooler_config.dimensions must be >= 1, got {self.dimensions}")
-        if self.enable_chunked_processing or self.max_embed_len is not None:
+        if self.max_embed_len is not None and self.max_embed_len < 1:
             raise ValueError(
-                "pooler_config: enable_chunked_processing / max_embed_len (embedding inputs "
-                "longer than max_model_len, split and averaged) are not supported by minivllm "
-                "yet; such inputs are refused, or cut to their last tokens with the request's "
-                "truncate_prompt_tokens"
+                f"pooler_config.max_embed_len must be >= 1 (tokens), got {self.max_embed_len}"
             )
 
     def compute_hash(self) -> str:
@@ -165,6 +169,12 @@ def resolve_pooler_config(
         pooler.normalize = convert == "embed"
     if pooler.use_activation is None:
         pooler.use_activation = True
+    if pooler.enable_chunked_processing and pooler.pooling_type == "ALL":
+        raise ValueError(
+            "pooler_config.enable_chunked_processing averages one embedding per chunk, but "
+            "ALL pooling returns every token's state; use pooling_type MEAN, CLS or LAST, or "
+            "drop enable_chunked_processing"
+        )
     if pooler.dimensions is not None and pooler.dimensions > hidden_size:
         raise ValueError(
             f"pooler_config.dimensions={pooler.dimensions} is larger than the model's "

@@ -175,6 +175,7 @@ class LLMEngine:
                 lora_request=validated.lora_request,
             )
             request.grammar = validated.grammar
+            request.pooling_params = validated.pooling_params
             self.scheduler.add_request(request)
         return request_id
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.nn.functional as F
 
+from minivllm.engine.pooling import embed_chunks, regroup_chunks
 from minivllm.outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
@@ -22,6 +23,7 @@ from minivllm.outputs import (
 from minivllm.pooling_params import PoolingParams
 
 if TYPE_CHECKING:
+    from minivllm.config.model import ModelConfig
     from minivllm.engine.llm_engine import LLMEngine, PromptInput
 
 
@@ -49,15 +51,7 @@ class PoolingMixin:
     ) -> list[PoolingRequestOutput]:
         """Pool every prompt; outputs in the prompts' order (``.outputs.data``)."""
         prompt_list = as_prompt_list(prompts)
-        if pooling_params is None or isinstance(pooling_params, PoolingParams):
-            params_list = [pooling_params or PoolingParams()] * len(prompt_list)
-        else:
-            params_list = list(pooling_params)
-            if len(params_list) != len(prompt_list):
-                raise ValueError(
-                    f"got {len(params_list)} pooling params for {len(prompt_list)} prompts; "
-                    "give one, or one per prompt"
-                )
+        params_list = params_per_prompt(pooling_params, len(prompt_list))
         engine = self.llm_engine
         ids: list[str] = []
         try:
@@ -79,9 +73,30 @@ class PoolingMixin:
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[EmbeddingRequestOutput]:
-        """One embedding per prompt (``.outputs.embedding``)."""
-        outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="embed")
-        return [EmbeddingRequestOutput.from_base(o) for o in outs]
+        """One embedding per prompt (``.outputs.embedding``); with the pooler's
+        ``enable_chunked_processing`` a prompt longer than the context is embedded in
+        chunks (see `minivllm.engine.pooling`)."""
+        prompt_list = as_prompt_list(prompts)
+        params_list = params_per_prompt(pooling_params, len(prompt_list))
+        model_config = self.llm_engine.vllm_config.model_config
+        pooler = model_config.pooler_config
+        if pooler is None or not pooler.enable_chunked_processing:
+            outs = self.encode(prompt_list, params_list, use_tqdm, pooling_task="embed")
+            return [EmbeddingRequestOutput.from_base(o) for o in outs]
+        inputs = [self.llm_engine.input_processor.tokenize(p)[1] for p in prompt_list]
+        chunks = [
+            embed_chunks(model_config, ids, p) for ids, p in zip(inputs, params_list, strict=True)
+        ]
+        flat = [
+            prompt if len(parts) == 1 else {"prompt_token_ids": part}
+            for prompt, parts in zip(prompt_list, chunks, strict=True)
+            for part in parts
+        ]
+        flat_params = [p for p, parts in zip(params_list, chunks, strict=True) for _ in parts]
+        outs = self.encode(flat, flat_params, use_tqdm, pooling_task="embed")
+        counts = [len(parts) for parts in chunks]
+        merged = regroup_chunks(outs, counts, inputs, params_list, model_config)
+        return [EmbeddingRequestOutput.from_base(o) for o in merged]
 
     def classify(
         self,
@@ -126,12 +141,29 @@ class PoolingMixin:
             n = len(first)
             return [cosine_output(a, b) for a, b in zip(embeds[:n], embeds[n:], strict=True)]
         tokenizer = self.llm_engine.get_tokenizer()
-        prompts = [
-            {"prompt_token_ids": tokenizer(a, b)["input_ids"]}
-            for a, b in zip(first, second, strict=True)
+        pairs = [encode_pair(tokenizer, a, b) for a, b in zip(first, second, strict=True)]
+        prompts = [{"prompt_token_ids": ids} for ids, _ in pairs]
+        params = [
+            pair_params(pooling_params or PoolingParams(), start, model_config)
+            for _, start in pairs
         ]
-        outs = self.encode(prompts, pooling_params, use_tqdm, "score")
+        outs = self.encode(prompts, params, use_tqdm, "score")
         return [pair_score_output(o) for o in outs]
+
+
+def params_per_prompt(
+    pooling_params: PoolingParams | Sequence[PoolingParams] | None, num_prompts: int
+) -> list[PoolingParams]:
+    """One `PoolingParams` for all prompts, or one per prompt (checked)."""
+    if pooling_params is None or isinstance(pooling_params, PoolingParams):
+        return [pooling_params or PoolingParams()] * num_prompts
+    params_list = list(pooling_params)
+    if len(params_list) != num_prompts:
+        raise ValueError(
+            f"got {len(params_list)} pooling params for {num_prompts} prompts; "
+            "give one, or one per prompt"
+        )
+    return params_list
 
 
 def score_pairs(data_1: str | Sequence[str], data_2: str | Sequence[str]) -> tuple[list, list]:
@@ -148,6 +180,28 @@ def score_pairs(data_1: str | Sequence[str], data_2: str | Sequence[str]) -> tup
             f"{len(first)} and {len(second)} texts"
         )
     return first, second
+
+
+def encode_pair(tokenizer: Any, text_1: str, text_2: str) -> tuple[list[int], int | None]:
+    """A pair's token ids as the tokenizer joins them, and where its token type 1 (the
+    second text, for tokenizers that mark it: BERT's) starts, or None."""
+    encoded = tokenizer(text_1, text_2)
+    types = list(encoded.get("token_type_ids") or [])
+    return list(encoded["input_ids"]), types.index(1) if 1 in types else None
+
+
+def pair_params(
+    params: PoolingParams, token_type_start: int | None, model_config: ModelConfig
+) -> PoolingParams:
+    """``params`` for one pair: with its token types for a model that embeds them (an
+    encoder: BERT), as vLLM's ``compressed_token_type_ids``."""
+    if token_type_start is None or not model_config.is_encoder_only:
+        return params
+    params = params.clone()
+    extra = dict(params.extra_kwargs or {})
+    extra["compressed_token_type_ids"] = token_type_start
+    params.extra_kwargs = extra
+    return params
 
 
 def cosine_output(a: PoolingRequestOutput, b: PoolingRequestOutput) -> ScoringRequestOutput:

@@ -38,6 +38,8 @@ class NewRequestData:
     matcher from it and replays output_token_ids through it."""
     lora_request: Any = None
     """The request's LoRA adapter (a `LoRARequest`), or None for the base model."""
+    pooling_params: Any = None
+    """A pooling request's `PoolingParams` (vLLM's field), or None."""
 
 
 @dataclass

@@ -81,6 +81,9 @@ class Request:
         self.grammar: object | None = None
         """The compiled grammar of a structured-output request (opaque here: the engine
         sets it, the worker builds a matcher from it, also after a preemption)."""
+        self.pooling_params: object | None = None
+        """A pooling request's `PoolingParams` (opaque here: the worker reads a pair's
+        token types from it)."""
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         """The stop token id (or stop string) that finished the request, if any."""

@@ -504,6 +504,7 @@ class Scheduler:
             output_token_ids=list(request.output_token_ids),
             grammar=request.grammar,
             lora_request=request.lora_request,
+            pooling_params=request.pooling_params,
         )
 
     # -- results ----------------------------------------------------------------

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.pooling_params import TOKEN_TYPE_SHIFT
 from minivllm.reasoning import ReasoningMarkers, ThinkingGate
 from minivllm.sample.metadata import make_request_generator
 from minivllm.sampling_params import SamplingParams
@@ -36,6 +37,8 @@ class CachedRequestState:
     relative to its reasoning (see `minivllm.structured_output.reasoning_gate`)."""
     lora_request: Any = None
     """The request's LoRA adapter, or None (the base model)."""
+    token_type_start: int | None = None
+    """A cross-encoder pair: tokens from here on have token type 1 (`TOKEN_TYPE_SHIFT`)."""
 
     @classmethod
     def from_new(
@@ -53,6 +56,7 @@ class CachedRequestState:
             grammar_matcher=_start_matcher(data, gate),
             thinking_gate=gate,
             lora_request=data.lora_request,
+            token_type_start=data.pooling_params and data.pooling_params.token_type_start,
         )
 
     def step_matcher(self) -> Any:
@@ -227,6 +231,9 @@ def _add_request(
     batch.input_ids[offset + n - nd : offset + n] = drafts
     pos = np.arange(start, end, dtype=np.int64)
     batch.positions[offset : offset + n] = pos
+    if state.token_type_start is not None:
+        ids = batch.input_ids[offset : offset + n]
+        ids[pos >= state.token_type_start] |= 1 << TOKEN_TYPE_SHIFT
     num_groups = batch.slot_mapping.shape[0]
     for g, ids in enumerate(state.group_block_ids(num_groups)):
         blocks = np.asarray(ids, dtype=np.int64)

@@ -99,3 +99,22 @@ def save_decoder(
     _randomize_vectors(model)
     model.save_pretrained(path)
     return model
+
+
+def chunked_reference(
+    hf_bert: Any, token_ids: list[int], max_len: int, pooling: str, normalize: bool = True
+) -> torch.Tensor:
+    """vLLM's chunked embedding of ``token_ids``, computed with HF transformers: each
+    chunk of ``max_len`` tokens run alone (MEAN or CLS pooled, then normalized), the
+    chunks averaged weighted by their token counts, then normalized again."""
+    total = torch.zeros(hf_bert.config.hidden_size)
+    with torch.no_grad():
+        for i in range(0, len(token_ids), max_len):
+            chunk = token_ids[i : i + max_len]
+            hidden = hf_bert(input_ids=torch.tensor([chunk])).last_hidden_state[0]
+            pooled = hidden.mean(dim=0) if pooling == "MEAN" else hidden[0]
+            if normalize:
+                pooled = torch.nn.functional.normalize(pooled, dim=0)
+            total += pooled * len(chunk)
+    mean = total / len(token_ids)
+    return torch.nn.functional.normalize(mean, dim=0) if normalize else mean

@@ -64,8 +64,12 @@ def test_runner_and_convert_from_the_architecture(
         ("bert", {"pooler_config": {"step_tag_id": 3}}, "process reward"),
         ("bert", {"pooler_config": {"pooling_type": "MAX"}}, "pooling_type"),
         ("bert", {"pooler_config": {"dimensions": 65}}, "hidden size 64"),
-        ("bert", {"pooler_config": {"max_embed_len": 9}}, "not supported by minivllm yet"),
-        ("bert", {"pooler_config": {"enable_chunked_processing": True}}, "truncate_prompt"),
+        ("bert", {"pooler_config": {"max_embed_len": 0}}, "max_embed_len must be >= 1"),
+        (
+            "bert",
+            {"pooler_config": {"enable_chunked_processing": True, "pooling_type": "ALL"}},
+            "ALL pooling",
+        ),
         ("bert", {"enable_prefix_caching": True}, "prefix caching"),
         (
             "qwen3",
@@ -122,7 +126,7 @@ def bert_llm(models: dict[str, str]) -> LLM:
     [
         (lambda llm: llm.embed(""), "input is empty"),
         (lambda llm: llm.embed([]), None),
-        (lambda llm: llm.embed("the " * 40), "40 tokens|42 tokens"),
+        (lambda llm: llm.embed("the " * 40), "42 tokens.*enable_chunked_processing"),
         (lambda llm: llm.embed("the cat", PoolingParams(dimensions=65)), "dimensions=65"),
         (lambda llm: llm.classify("the cat"), "does not serve the 'classify' task"),
         (lambda llm: llm.embed([999]), "out of vocabulary"),

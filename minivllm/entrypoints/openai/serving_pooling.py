@@ -10,7 +10,14 @@ import asyncio
 import base64
 from typing import Any
 
-from minivllm.entrypoints.llm_pooling import cosine_output, pair_score_output, score_pairs
+from minivllm.engine.pooling import embed_chunks, regroup_chunks
+from minivllm.entrypoints.llm_pooling import (
+    cosine_output,
+    encode_pair,
+    pair_params,
+    pair_score_output,
+    score_pairs,
+)
 from minivllm.entrypoints.openai.protocol import UsageInfo, random_id
 from minivllm.entrypoints.openai.protocol_pooling import (
     ClassificationData,
@@ -49,7 +56,15 @@ class OpenAIServingPooling(OpenAIServing):
         params = PoolingParams(
             request.truncate_prompt_tokens, request.dimensions, request.normalize
         )
-        outs = await self._run(await self._token_ids(request.input), params, "embed")
+        inputs = await self._token_ids(request.input)
+        config = self.engine.model_config
+        try:
+            chunks = [embed_chunks(config, ids, params) for ids in inputs]
+        except ValueError as exc:
+            raise OpenAIServingError.from_exception(exc) from None
+        outs = await self._run([part for parts in chunks for part in parts], params, "embed")
+        counts = [len(parts) for parts in chunks]
+        outs = regroup_chunks(outs, counts, inputs, [params] * len(inputs), config)
         data = [
             EmbeddingData(index=i, embedding=_encode(o.outputs.data, request.encoding_format))
             for i, o in enumerate(outs)
@@ -137,11 +152,16 @@ class OpenAIServingPooling(OpenAIServing):
         return [list(t) for t in inputs]  # type: ignore[arg-type]
 
     async def _run(
-        self, prompts: list[list[int]], params: PoolingParams, task: str
+        self, prompts: list[list[int]], params: PoolingParams | list[PoolingParams], task: str
     ) -> list[PoolingRequestOutput]:
-        """Run every prompt (validated first: one bad input refuses the request)."""
+        """Run every prompt (validated first: one bad input refuses the request) with
+        its params (one for all, or one per prompt)."""
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
         try:
-            validated = [self.engine.process_pooling(ids, params, task) for ids in prompts]
+            validated = [
+                self.engine.process_pooling(ids, p, task)
+                for ids, p in zip(prompts, per_prompt, strict=True)
+            ]
         except ValueError as exc:
             raise OpenAIServingError.from_exception(exc) from None
         base = random_id("pool")
@@ -170,7 +190,10 @@ class OpenAIServingPooling(OpenAIServing):
             n = len(first)
             return [cosine_output(a, b) for a, b in zip(outs[:n], outs[n:], strict=True)]
         pairs = await self.pool.run(_encode_pairs, first, second)
-        outs = await self._run(pairs, params, "score")
+        config = self.engine.model_config
+        outs = await self._run(
+            [ids for ids, _ in pairs], [pair_params(params, s, config) for _, s in pairs], "score"
+        )
         try:
             return [pair_score_output(o) for o in outs]
         except ValueError as exc:
@@ -187,8 +210,10 @@ async def _final(outputs: Any) -> PoolingRequestOutput:
     return last
 
 
-def _encode_pairs(tokenizer: Any, first: list[str], second: list[str]) -> list[list[int]]:
-    return [list(tokenizer(a, b)["input_ids"]) for a, b in zip(first, second, strict=True)]
+def _encode_pairs(
+    tokenizer: Any, first: list[str], second: list[str]
+) -> list[tuple[list[int], int | None]]:
+    return [encode_pair(tokenizer, a, b) for a, b in zip(first, second, strict=True)]
 
 
 def _encode(data: Any, encoding_format: str) -> list[float] | str:

@@ -1,10 +1,12 @@
-"""BERT encoder (``BertModel``): bidirectional attention, post-norm layers, GELU MLP.
+"""BERT encoder (``BertModel``): bidirectional attention, post-norm layers, GELU MLP;
+and ``BertForSequenceClassification`` (a cross-encoder reranker / classifier).
 
 Runs with the pooling runner only: ``forward(input_ids [T], positions [T]) -> hidden
 [T, H]`` over a flat batch of whole prompts; attention sees the whole prompt
-(`Attention` with ``attn_type="encoder_only"``, no KV cache).  Every token has token
-type 0 (a single segment; cross-encoder pairs are not run by this class).  The
-pooler (CLS / MEAN, normalization) is applied by the runner, not here.
+(`Attention` with ``attn_type="encoder_only"``, no KV cache).  A token's type (1 for
+the second text of a pair) rides in the high bits of its id (`TOKEN_TYPE_SHIFT`).
+The pooler (CLS / MEAN, normalization) is applied by the runner; the classifier's
+pooler and head run in ``pooling_head`` on the pooled CLS states.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from minivllm.model_executor.models.utils import (
     maybe_prefix,
     set_default_torch_dtype,
 )
+from minivllm.pooling_params import TOKEN_TYPE_SHIFT
 
 BERT_STACKED_PARAMS: StackedMapping = [
     (".self.qkv_proj", ".self.query", "q"),
@@ -35,7 +38,7 @@ BERT_STACKED_PARAMS: StackedMapping = [
 
 
 class BertEmbeddings(nn.Module):
-    """Word + absolute position + token type (0) embeddings, then LayerNorm."""
+    """Word + absolute position + token type embeddings, then LayerNorm."""
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -45,8 +48,10 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.word_embeddings(input_ids) + self.position_embeddings(positions)
-        return self.LayerNorm(hidden + self.token_type_embeddings.weight[0])
+        token_types = input_ids >> TOKEN_TYPE_SHIFT
+        ids = input_ids & ((1 << TOKEN_TYPE_SHIFT) - 1)
+        hidden = self.word_embeddings(ids) + self.position_embeddings(positions)
+        return self.LayerNorm(hidden + self.token_type_embeddings(token_types))
 
 
 class BertDenseNorm(nn.Module):
@@ -162,11 +167,37 @@ class BertModel(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors (``bert.`` prefix or none); BERT's own pooler (a
         dense + tanh for next-sentence prediction) and MLM heads are not used."""
+        renamed = ((self._param_name(n), t) for n, t in weights)
+        kept = ((n, t) for n, t in renamed if n is not None)
+        return load_weights_stacked(self, kept, BERT_STACKED_PARAMS)
 
-        def renamed() -> Iterable[tuple[str, torch.Tensor]]:
-            for name, tensor in weights:
-                name = name.removeprefix("bert.")
-                if name.startswith(("embeddings.", "encoder.")) and "position_ids" not in name:
-                    yield name, tensor
+    def _param_name(self, name: str) -> str | None:
+        """This model's name for a checkpoint tensor, or None to skip it."""
+        name = name.removeprefix("bert.")
+        if name.startswith(("embeddings.", "encoder.")) and "position_ids" not in name:
+            return name
+        return None
 
-        return load_weights_stacked(self, renamed(), BERT_STACKED_PARAMS)
+
+class BertForSequenceClassification(BertModel):
+    """A BERT classifier (cross-encoder): the encoder, then on the pooled CLS state
+    BERT's pooler (dense + tanh) and the ``classifier`` linear layer (HF's names)."""
+
+    def __init__(self, hf_config: Any, *, dtype: torch.dtype = torch.float32, prefix: str = ""):
+        super().__init__(hf_config, dtype=dtype, prefix=prefix)
+        hidden = hf_config.hidden_size
+        with set_default_torch_dtype(dtype):
+            self.pooler = nn.Linear(hidden, hidden)
+            self.classifier = nn.Linear(hidden, hf_config.num_labels)
+
+    def pooling_head(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Pooled CLS states [N, H] -> float32 logits [N, num_labels]."""
+        x = torch.tanh(self.pooler(pooled.to(self.pooler.weight.dtype)))
+        return self.classifier(x).float()
+
+    def _param_name(self, name: str) -> str | None:
+        """The encoder's tensors, plus ``bert.pooler.dense`` and ``classifier``."""
+        short = name.removeprefix("bert.")
+        if short.startswith(("pooler.dense.", "classifier.")):
+            return short.replace("pooler.dense.", "pooler.")
+        return super()._param_name(name)

@@ -17,6 +17,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "BertModel": ("bert", "BertModel"),
+    "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
 }
 
 # Pooling architectures run as their family's decoder plus a pooler (`adapters`).
@@ -47,10 +48,13 @@ def get_pooling_model_class(hf_config: Any, task: str) -> type[nn.Module]:
     from minivllm.model_executor.models.adapters import as_pooling_model
 
     arch = resolve_architecture(hf_config)
-    if arch == "BertModel":
-        if task != "embed":
-            raise ValueError("BertModel has no classification head; use convert='embed'")
-        return get_model_class(arch)
+    if arch == "BertModel" and task != "embed":
+        raise ValueError("BertModel has no classification head; use convert='embed'")
+    if arch.startswith("Bert"):
+        # A BERT classifier run as an embedder keeps only its encoder.
+        return get_model_class(
+            "BertForSequenceClassification" if task == "classify" else "BertModel"
+        )
     return as_pooling_model(get_model_class(_POOLING_BASES.get(arch, arch)), task)
 
 

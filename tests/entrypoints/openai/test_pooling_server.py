@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 import torch.nn.functional as F
-from server_utils import API_KEY, RemoteServer
+from server_utils import API_KEY, RemoteServer, all_ready
 
 from minivllm import LLM
 from tests.pooling.pooling_helpers import save_bert, save_decoder
@@ -43,13 +43,8 @@ def servers(model_dirs: dict[str, Path]) -> Iterator[dict[str, RemoteServer]]:
         "bert": _serve(model_dirs["bert"], "--runner", "pooling", max_model_len=128),
         "reranker": _serve(model_dirs["reranker"], max_model_len=256),
     }
-    try:
-        for remote in started.values():
-            remote.wait_ready()
+    with all_ready(started):
         yield started
-    finally:
-        for remote in started.values():
-            remote.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,108 @@
+"""Resident memory of an engine against the size of its GGUF file (issue 25: <= 1.3x).
+
+Each model runs in a fresh child process, which reads its own ``/proc/self/status``
+three times: after importing torch and minivllm (the baseline), after ``LLM(...)``
+(the defaults a user gets: low-bit path, -O2, the CPU decode graph) and after a
+short generation (4 prompts x 64 tokens, batched).  The KV cache is fixed at
+``--kv-mib`` so that it does not stand in for the weights; it is reported apart.
+Prints per model: the file's size; resident set (anonymous + file-backed) at each
+point; the growth over the baseline less the KV cache, as a multiple of the file
+(the figure the issue caps); and the bytes of the model's own tensors (parameters
+and buffers, each storage once) as a multiple of the file.
+
+    python benchmarks/memory.py
+    python benchmarks/memory.py --model some.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+MiB = 1 << 20
+
+
+def status() -> dict[str, int]:
+    """VmRSS, RssAnon, RssFile and VmHWM of this process, in bytes."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def tensor_bytes(module) -> int:  # noqa: ANN001
+    """Bytes of the module's parameters and buffers, each storage counted once."""
+    storages = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+    return sum(storages.values())
+
+
+def child(path: str, kv_mib: int) -> None:
+    import torch  # noqa: F401
+
+    from minivllm import LLM, SamplingParams
+
+    base = status()
+    llm = LLM(model=path, kv_cache_memory_bytes=kv_mib * MiB, max_model_len=1024)
+    loaded = status()
+    runner = llm.llm_engine.executor.worker.model_runner
+    prompts = [
+        {"prompt_token_ids": [(11 * i + 7 * j) % 1000 + 10 for j in range(64)]} for i in range(4)
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)
+    generated = status()
+    kv = sum(t.untyped_storage().nbytes() for t in runner.kv_caches)
+    report = dict(
+        base=base, loaded=loaded, generated=generated, kv=kv, tensors=tensor_bytes(runner.model)
+    )
+    print("MEMORY " + json.dumps(report), flush=True)
+
+
+def measure(path: Path, kv_mib: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(path), "--kv-mib", str(kv_mib)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("MEMORY "))
+    return json.loads(line.removeprefix("MEMORY "))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", action="append", help="a GGUF file (repeatable; default: shipped)")
+    ap.add_argument("--kv-mib", type=int, default=64, help="KV cache size (kv_cache_memory_bytes)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child, args.kv_mib)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from accuracy import shipped_models
+
+    models = [Path(m) for m in args.model] if args.model else shipped_models()
+    print(f"{'model':34} {'file':>7} {'base':>7} {'loaded':>7} {'gen':>7} {'anon':>7} "
+          f"{'file-b':>7} {'kv':>5} {'growth/file':>11} {'tensors/file':>12}  (MiB)")  # fmt: skip
+    for path in models:
+        r = measure(path, args.kv_mib)
+        size = path.stat().st_size
+        base, gen = r["base"], r["generated"]
+        growth = gen["VmRSS"] - base["VmRSS"] - r["kv"]
+        print(
+            f"{path.name:34} {size / MiB:>7.1f} {base['VmRSS'] / MiB:>7.1f} "
+            f"{r['loaded']['VmRSS'] / MiB:>7.1f} {gen['VmRSS'] / MiB:>7.1f} "
+            f"{(gen['RssAnon'] - base['RssAnon']) / MiB:>7.1f} "
+            f"{(gen['RssFile'] - base['RssFile']) / MiB:>7.1f} {r['kv'] / MiB:>5.0f} "
+            f"{growth / size:>11.2f} {r['tensors'] / size:>12.2f}",
+            flush=True,
+        )
+    print("load " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()

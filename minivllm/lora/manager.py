@@ -65,8 +65,12 @@ class LoRAManager:
         self.cache.move_to_end(request)
         return adapter
 
-    def _activate(self, requests: set[LoRARequest]) -> None:
-        """Give each adapter of the batch a slot (evicting ones the batch does not use)."""
+    def _activate(self, requests: list[LoRARequest]) -> None:
+        """Give each adapter of the batch a slot (evicting ones the batch does not use).
+
+        ``requests`` is in the batch's order, not a set's: every tensor-parallel rank
+        must give an adapter the same slot, and a set's order follows string hashes,
+        which differ between processes."""
         assert len(requests) <= self.config.max_loras, "the scheduler caps adapters per batch"
         missing = [r for r in requests if r not in self.slot_of]
         if not missing:
@@ -98,7 +102,7 @@ class LoRAManager:
         self, lora_requests: Sequence[LoRARequest | None], num_tokens: Sequence[int]
     ) -> None:
         """The step's rows: request i has ``num_tokens[i]`` consecutive rows."""
-        self._activate({r for r in lora_requests if r is not None})
+        self._activate(list(dict.fromkeys(r for r in lora_requests if r is not None)))
         slot_ids: list[int] = []
         for request, count in zip(lora_requests, num_tokens, strict=True):
             slot = 0 if request is None else self.slot_of[request] + 1

@@ -182,12 +182,18 @@ def test_streamed_multibyte_text_equals_decoded_ids(llm: LLM, message: str) -> N
     engine.add_request("s", {"prompt_token_ids": ids}, params)
     pieces: list[str] = []
     token_ids: list[int] = []
+    finish_reason = None
     while engine.has_unfinished_requests():
         for out in engine.step():
             pieces.append(out.outputs[0].text)
             token_ids.extend(out.outputs[0].token_ids)
+            finish_reason = out.outputs[0].finish_reason
     text = "".join(pieces)
-    assert text == tokenizer.decode(token_ids, skip_special_tokens=True)
+    decoded = tokenizer.decode(token_ids, skip_special_tokens=True)
+    if finish_reason == "length":
+        # Cut by max_tokens inside a character: its first bytes never become text.
+        decoded = decoded.rstrip("\ufffd")
+    assert text == decoded
     assert "\ufffd" not in text and any(ord(ch) > 127 for ch in text), text
     # The premise: some character is split over tokens that do not decode on their own.
     assert any("\ufffd" in tokenizer.decode([t]) for t in token_ids)

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "model_executor"))
 from mx_helpers import PagedRunner  # noqa: E402
 
 from minivllm.model_executor.layers import quantized_linear as ql  # noqa: E402
+from minivllm.model_executor.layers.gguf_blocks import dequantize_rows  # noqa: E402
 from minivllm.model_executor.loader import load_model  # noqa: E402
 from minivllm.transformers_utils.config import get_hf_config  # noqa: E402
 
@@ -68,17 +69,12 @@ def text_prompts(path: Path, num: int, length: int) -> list[list[int]]:
     return [ids[i * step : i * step + length] for i in range(num)]
 
 
-def file_table(path: Path, name: str = "token_embd.weight") -> torch.Tensor:
-    """A tensor's exact values as the file stores them (dequantized by ``gguf``)."""
-    import gguf
-
-    tensor = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == name)
-    return torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
-
-
-def emulated_impl(model: torch.nn.Module, losses: set[str], exact_head: torch.Tensor):
+def emulated_impl(model: torch.nn.Module, losses: set[str]):
     """A stand-in for ``lowbit_linear_impl``: dense float32 GEMMs with chosen losses."""
     head = model.lm_head
+    exact_head = dequantize_rows(
+        model.model.embed_tokens.qtable, model.model.embed_tokens.qtype, 576
+    )
     dense: dict[int, torch.Tensor] = {}
     names = {id(m.qweight): n for n, m in model.named_modules() if getattr(m, "quant_kind", 0)}
 
@@ -125,7 +121,7 @@ def run_variant(
         model = load_model(path, hf_config, dtype, quantization=quantization, use_cache=False)
         if emulate:
             losses = {s for s in name.split(":", 1)[1].split(",") if s}
-            ql.lowbit_linear_impl = emulated_impl(model, losses, file_table(path).float())
+            ql.lowbit_linear_impl = emulated_impl(model, losses)
         runner = PagedRunner(model, num_blocks=80, block_size=16, kv_dtype=dtype)
         start = time.perf_counter()
         steps = [runner.step([(str(i), [p[t]]) for i, p in enumerate(prompts)]) for t in range(128)]

@@ -34,9 +34,7 @@ exactly); the accuracy test's figures are for the decode kernels.
 
 The LM head (`lowbit_logits`, then `refine_top_logits`): the kernels' bfloat16
 outputs rank close logits wrongly, so each row's top logits are recomputed in
-float32 from the file's raw blocks (an int4 head) or from the head's int8 rows (any
-other: the raw blocks are not kept beside them, `vocab_embedding`); the rest stay
-approximate.  With that, an
+float32 from the file's raw blocks; the rest stay approximate.  With that, an
 int8 head from `INT_MM_MIN_TOKENS` rows quantizes its activations too and runs
 int8 x int8 (``torch._int_mm``).  Measured teacher-forced on the default model
 (``benchmarks/gguf_accuracy.py``): top-1 agreement with the float32 model 93.8%

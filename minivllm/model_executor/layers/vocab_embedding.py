@@ -5,14 +5,6 @@ and expands only the rows it looks up (exactly the file's values), and the LM
 head computes on a low-bit copy (`quantized_linear`) and recomputes each row's
 top logits exactly from the blocks.  A tied pair shares one
 parameter, so the blocks ride on that parameter until both have taken them.
-
-Where the head's low-bit form is int8 rows with one scale each (every GGUF type
-but the int4 ones), the raw blocks are not kept beside it: that would hold the
-table twice (Gemma 3's 262k x 640 Q8_0 table is 70% of its file).  The head's top
-logits are then recomputed in float32 from those int8 rows, and a tied embedding
-looks its rows up there too (the one low-bit form, made once for the pair:
-`_shared_lowbit`): the file's values re-quantized to one scale per row, which
-``benchmarks/accuracy.py`` measures against the file's own.
 With ``quantization="int8_per_channel"`` the head is quantized to int8 at load
 (`ParallelLMHead.quantize_int8`) and the embedding stays float; the top logits
 are recomputed from the float table when the two are tied, else from the int8
@@ -28,7 +20,6 @@ from torch import nn
 from minivllm.model_executor.layers import cpu_gemm
 from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_rows
 from minivllm.model_executor.layers.quantized_linear import (
-    INT8,
     PLAIN_TABLE,
     lowbit_logits,
     quantize_parts,
@@ -39,18 +30,6 @@ from minivllm.torch_ops import register_op
 
 _GGUF_ATTR = "gguf_weight"
 """Attribute of a parameter holding the `GGUFWeight` it was given."""
-_LOWBIT_ATTR = "lowbit_form"
-"""Attribute of a tied pair's parameter holding its `quantize_parts` form."""
-
-
-def _shared_lowbit(param: nn.Parameter) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """The low-bit form of a tied pair's GGUF table, made by whichever of the two
-    asks first and kept on their shared parameter for the other."""
-    form = getattr(param, _LOWBIT_ATTR, None)
-    if form is None:
-        form = quantize_parts([getattr(param, _GGUF_ATTR)])
-        setattr(param, _LOWBIT_ATTR, form)
-    return form
 
 
 def gguf_embedding_impl(
@@ -83,11 +62,8 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = make_param(num_embeddings, embedding_dim)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.register_buffer("qtable", None, persistent=False)
-        self.register_buffer("row_scales", None, persistent=False)
         self.qtype = 0
         self.out_dtype = self.weight.dtype
-        self.tied_to_head = False
-        """Whether an LM head shares this table (`ParallelLMHead.tie_weights`)."""
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor | GGUFWeight) -> None:
         """Copy a float table in; keep quantized GGUF blocks on the parameter."""
@@ -102,16 +78,9 @@ class VocabParallelEmbedding(nn.Module):
         if source is None:
             return
         self.qtable, self.qtype, self.out_dtype = source.data, int(source.qtype), dtype
-        if self.tied_to_head:
-            kind, qweight, scales = _shared_lowbit(self.weight)
-            if kind == INT8:  # the head's rows, not a second copy of the table
-                self.qtable, self.row_scales, self.qtype = qweight, scales, PLAIN_TABLE
         self.weight = None  # type: ignore[assignment]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.row_scales is not None:
-            rows = self.qtable[input_ids].float() * self.row_scales[input_ids, None].float()
-            return rows.to(self.out_dtype)
         if self.qtable is not None:
             if torch.compiler.is_compiling():
                 rows = gguf_embedding(input_ids, self.qtable, self.qtype, self.embedding_dim)
@@ -137,31 +106,24 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.tied = False
         """Whether the weight is the embedding's (`tie_weights`)."""
         self.qtable_scaled = False
-        """Whether ``qtable`` holds int8 rows that ``qscales`` scale (an int8 head, but a
-        tied one from a float checkpoint)."""
+        """Whether ``qtable`` holds int8 rows that ``qscales`` scale (an untied int8 head)."""
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
         """Use the embedding table as the output projection (``tie_word_embeddings``)."""
         self.weight = embed_tokens.weight
         self.tied = True
-        embed_tokens.tied_to_head = True
 
     def process_weights_after_loading(self, dtype: torch.dtype) -> None:
         """Compute on a low-bit copy of kept GGUF blocks; drop the float parameter.
 
-        The top logits are recomputed from ``qtable``: the raw blocks (the
-        embedding's own tensor when the two are tied) beside an int4 form, the
-        int8 rows themselves otherwise (see the module docstring).
+        The raw blocks stay too (``qtable``, the embedding's own tensor when the
+        two are tied, so no extra memory): the top logits are recomputed from them.
         """
         source = getattr(self.weight, _GGUF_ATTR, None)
         if source is None:
             return
-        form = _shared_lowbit(self.weight) if self.tied else quantize_parts([source])
-        self.quant_kind, self.qweight, self.qscales = form
-        if self.quant_kind == INT8:
-            self.qtable, self.qtype, self.qtable_scaled = self.qweight, PLAIN_TABLE, True
-        else:
-            self.qtable, self.qtype = source.data, int(source.qtype)
+        self.quant_kind, self.qweight, self.qscales = quantize_parts([source])
+        self.qtable, self.qtype = source.data, int(source.qtype)
         self.weight = None  # type: ignore[assignment]
 
     def quantize_int8(self) -> None:

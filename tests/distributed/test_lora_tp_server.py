@@ -13,7 +13,7 @@ import httpx
 import pytest
 from lora_helpers import peft_reference, save_peft_adapter
 from model_helpers import save_random_hf_model
-from server_utils import RemoteServer
+from server_utils import RemoteServer, all_ready
 
 from tests.pooling.pooling_helpers import WORDS, save_decoder_tokenizer
 
@@ -49,11 +49,8 @@ def server(model: dict[str, Any]) -> Iterator[RemoteServer]:
         max_model_len=128, num_gpu_blocks=64, port=PORT,
         env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
     )  # fmt: skip
-    try:
-        remote.wait_ready()
+    with all_ready({"tp2": remote}):
         yield remote
-    finally:
-        remote.stop()
 
 
 def _logprobs(server: RemoteServer, name: str) -> list[float]:

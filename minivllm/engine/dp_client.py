@@ -36,6 +36,7 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler.scheduler import Scheduler
 
 if TYPE_CHECKING:
+    from minivllm.config.model import ModelConfig
     from minivllm.config.vllm import VllmConfig
 
 logger = init_logger(__name__)
@@ -106,6 +107,8 @@ class DPClient:
             model_config = front.model_config
             self.tokenizer = get_tokenizer(model_config.tokenizer or model_config.model)
         self.inputs = InputProcessor(front, self.tokenizer, scheduler)
+        self.model_config: ModelConfig = front.model_config
+        """The front end's model config (``max_model_len`` is the smallest replica's)."""
         logger.info(
             "data parallelism: %d replicas (%s backend), %d KV blocks each, %d thread(s) each",
             len(self.replicas),

@@ -34,9 +34,7 @@ class DPLLMEngine:
 
     @property
     def model_config(self) -> ModelConfig:
-        model_config = self.client.front_config.model_config
-        assert model_config is not None
-        return model_config
+        return self.client.model_config
 
     @property
     def replicas(self) -> list[Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import zmq
 from kv_event_schema import DECODER, AllBlocksCleared, BlockRemoved, apply, pool_state
+from server_utils import free_port
 
 from minivllm import LLM, SamplingParams
 from minivllm.config.kv_events import KVEventsConfig
@@ -28,7 +29,7 @@ from minivllm.distributed.kv_events import (
     ZmqEventPublisher,
 )
 
-PUB_PORT, REPLAY_PORT, SPARE_PORT = 18611, 18612, 18613
+PUB_PORT, REPLAY_PORT = free_port(), free_port()
 TOPIC = b"kv@minivllm"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -151,23 +152,26 @@ def test_subscriber_mirrors_the_pool_and_replays_missed_batches(llm: LLM) -> Non
 
 
 def test_null_publisher_sends_nothing_and_binds_nothing() -> None:
+    spare = free_port()
     quiet = KVEventsConfig(enable_kv_cache_events=True, publisher="null",
-                           endpoint=f"tcp://*:{SPARE_PORT}")  # fmt: skip
-    off = KVEventsConfig(publisher="zmq", endpoint=f"tcp://*:{SPARE_PORT}")
+                           endpoint=f"tcp://*:{spare}")  # fmt: skip
+    off = KVEventsConfig(publisher="zmq", endpoint=f"tcp://*:{spare}")
     for config in (quiet, off, None):
         publisher = EventPublisherFactory.create(config)
         assert isinstance(publisher, NullEventPublisher)
     sock = zmq.Context.instance().socket(zmq.PUB)
-    sock.bind(f"tcp://127.0.0.1:{SPARE_PORT}")  # free: no publisher took it
+    sock.bind(f"tcp://127.0.0.1:{spare}")  # free: no publisher took it
     try:
         # A zmq publisher cannot have an address in use: a clear error, no traceback.
-        busy = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{SPARE_PORT}")
+        busy = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{spare}")
         with pytest.raises(ValueError, match=r"kv_events_config.endpoint=.*cannot be used"):
             EventPublisherFactory.create(busy)
     finally:
         sock.close(linger=0)
+    # zmq releases a closed socket's port in its I/O thread, some time later: a free
+    # address of its own shows the publisher binding when nothing is in the way.
     publisher = EventPublisherFactory.create(
-        KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{SPARE_PORT}")
+        KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{free_port()}")
     )
     assert isinstance(publisher, ZmqEventPublisher)
     publisher.shutdown()

@@ -14,14 +14,9 @@ import threading
 
 import pytest
 from kv_helpers import GREEDY, make_llm, prompts
+from server_utils import free_port
 
 from minivllm import LLM, SamplingParams
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(role: str, port: int, **extra) -> dict:  # noqa: ANN003
@@ -37,7 +32,7 @@ def _params(kv_transfer_params: dict, **kwargs) -> SamplingParams:  # noqa: ANN0
 
 @pytest.fixture(scope="module")
 def port() -> int:
-    return _free_port()
+    return free_port()
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +42,7 @@ def producer(tiny_model: str, port: int) -> LLM:
 
 @pytest.fixture(scope="module")
 def consumer(tiny_model: str) -> LLM:
-    return make_llm(tiny_model, _config("kv_consumer", _free_port()))
+    return make_llm(tiny_model, _config("kv_consumer", free_port()))
 
 
 def _prefill(producer: LLM, items) -> list[dict]:  # noqa: ANN001
@@ -89,7 +84,7 @@ def test_consumer_decodes_what_one_instance_generates(producer: LLM, consumer: L
 
 def test_unreachable_producer_fails_those_requests_alone(consumer: LLM) -> None:
     items = prompts(2, 30, seed=6)
-    dead = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": _free_port(),
+    dead = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": free_port(),
             "remote_request_id": "gone", "remote_num_tokens": 29}  # fmt: skip
     outs = _decode(consumer, items, [dead, {}])
     assert outs[0].outputs[0].finish_reason == "error"
@@ -127,14 +122,14 @@ def test_producer_dying_mid_transfer_fails_the_request(consumer: LLM) -> None:
 
 
 def test_recompute_policy_computes_the_prompt_instead(tiny_model: str, producer: LLM) -> None:
-    kv = _config("kv_consumer", _free_port())
+    kv = _config("kv_consumer", free_port())
     kv["kv_load_failure_policy"] = "recompute"
     llm = make_llm(tiny_model, kv)
     items = prompts(1, 30, seed=8)
     expected = [
         list(o.outputs[0].token_ids) for o in producer.generate(items, GREEDY, use_tqdm=False)
     ]
-    dead = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": _free_port(),
+    dead = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": free_port(),
             "remote_request_id": "gone", "remote_num_tokens": 29}  # fmt: skip
     (out,) = _decode(llm, items, [dead])
     assert out.error is None and [list(out.outputs[0].token_ids)] == expected
@@ -180,7 +175,7 @@ def test_loading_does_not_stall_the_batch_and_abort_frees_the_blocks(consumer: L
 def test_a_taken_port_is_refused_and_shutdown_frees_it(tiny_model: str, producer, port) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match=f"cannot listen on 127.0.0.1:{port}.*kv_port"):
         make_llm(tiny_model, _config("kv_producer", port))
-    other_port = _free_port()
+    other_port = free_port()
     other = make_llm(tiny_model, _config("kv_producer", other_port))
     other.llm_engine.shutdown()
     with socket.socket() as s:

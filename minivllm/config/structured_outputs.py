@@ -63,7 +63,8 @@ class StructuredOutputsConfig:
     to advance over one token), in milliseconds.  A request over it ends alone with an
     error while the batch goes on (the mask is computed in a worker thread, so the step
     waits at most this long); at validation, a grammar over it in its first
-    probe_steps steps is refused with a 400."""
+    probe_steps steps, or still over half of it at the last of them (a mask whose cost
+    grows with the output), is refused with a 400."""
     max_request_grammar_s: float = 5.0
     """Total seconds one request's grammar may spend on token masks and advances over
     the whole generation; a request over it ends alone with an error."""

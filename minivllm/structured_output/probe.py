@@ -53,16 +53,19 @@ class GrammarProber:
 
     def probe(self, grammar: CompiledGrammar, what: str) -> None:
         """ValueError when a mask of the first ``probe_steps`` steps takes over
-        max_mask_ms, or allows no token at all."""
+        max_mask_ms or allows no token at all, or when the last one still takes over half
+        of max_mask_ms (a cost that grows with the output)."""
         steps = self.config.probe_steps
         if steps == 0:
             return
         limit_s = self.config.max_mask_ms / 1000
         matcher = grammar.new_matcher()
         bitmask = torch.zeros(1, self.num_words, dtype=torch.int32)
+        last_mask_s = 0.0
         gen = torch.Generator().manual_seed(0)
         for step in range(steps):
             result = run_with_deadline(lambda: matcher.fill_bitmask(bitmask, 0), limit_s)
+            last_mask_s = result.seconds
             if result.timed_out or result.seconds > limit_s:
                 raise ValueError(
                     f"the {what} is too slow to enforce: computing its token mask took "
@@ -94,3 +97,14 @@ class GrammarProber:
                 )
             if result.error is not None or not result.value:
                 return  # the library disagrees with its own mask; leave it to the engine
+        if last_mask_s > limit_s / 2:
+            # A mask already past half the limit after a few tokens is one whose cost
+            # grows with the output (nested repetitions): it would pass the limit a few
+            # tokens later, inside the engine's shared step.
+            raise ValueError(
+                f"the {what} is too slow to enforce: its token mask took "
+                f"{last_mask_s * 1000:.0f} ms after only {steps} token(s), over half of "
+                f"max_mask_ms={self.config.max_mask_ms:g} ({flag('max_mask_ms')}), and "
+                "grows with the output; use a simpler one (nested bounded repetitions such "
+                "as (.{0,50}){0,50} are slow)"
+            )

@@ -171,6 +171,18 @@ def test_probe_refuses_slow_and_empty_grammars_once() -> None:
     _manager(fine, probe_steps=3).grammar_for(StructuredOutputsParams(regex="x"))
 
 
+def test_probe_refuses_a_mask_still_over_half_the_limit_at_its_last_step() -> None:
+    # Each mask under the limit, but the last still over half of it: a cost that grows
+    # with the output would pass the limit inside the engine a few tokens later.
+    with pytest.raises(ValueError, match=r"over half of max_mask_ms=100"):
+        _manager(_Backend(delay=0.07), max_mask_ms=100, probe_steps=2).grammar_for(
+            StructuredOutputsParams(regex="near")
+        )
+    _manager(_Backend(delay=0.02), max_mask_ms=100, probe_steps=2).grammar_for(
+        StructuredOutputsParams(regex="far")
+    )
+
+
 def _grammar(backend: _Backend) -> CompiledGrammar:
     return CompiledGrammar(_spec(regex="x"), backend, "x")  # type: ignore[arg-type]
 

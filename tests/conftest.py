@@ -61,7 +61,33 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
                 f.write(f"{rss} MiB after {item.module.__name__}\n")  # type: ignore[attr-defined]
 
 
+LONGEST_FILES = (
+    "reliability/test_reliability_fuzz.py",
+    "compilation/test_aot_compile.py",
+    "compilation/test_compile_default_model.py",
+    "compilation/test_decode_graph.py",
+    "reliability/test_reliability_load.py",
+    "engine/test_greedy_parity.py",
+    "model_executor/test_gemma3.py",
+    "test_readme.py",
+)
+"""Test files of 20 s or more on 2 cores (``--durations``), in that order."""
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Put the longest files first: with ``-n 2 --dist loadfile`` (README's command) a
+    worker takes whole files in collection order, and a long file taken last runs alone
+    at the end while the other worker idles."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+        return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
+
+    items.sort(key=rank)  # stable: the order within a file, and of the rest, is kept
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _longest_files_first(items)
     if _has_cuda():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -71,29 +71,31 @@ def make_inputs(num: int, low: int, high: int, seed: int) -> list[str]:
 
 def run_minivllm(
     model: str, texts: list[str], args: argparse.Namespace
-) -> tuple[float, torch.Tensor]:
+) -> tuple[float, torch.Tensor, str]:
     from minivllm import LLM
 
     llm = LLM(
         model,
-        dtype="float32",
+        dtype=args.dtype,
         optimization_level=args.optimization_level,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=256,
     )
+    dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
     llm.embed(texts[:16], use_tqdm=False)  # warm-up
     start = time.perf_counter()
     outs = llm.embed(texts, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    return elapsed, torch.tensor([o.outputs.embedding for o in outs])
+    return elapsed, torch.tensor([o.outputs.embedding for o in outs]), dtype
 
 
 def run_sentence_transformers(
-    model: str, texts: list[str], batch_size: int
+    model: str, texts: list[str], batch_size: int, dtype: str
 ) -> tuple[float, torch.Tensor]:
     from sentence_transformers import SentenceTransformer
 
-    st = SentenceTransformer(model, device="cpu")
+    kwargs = {} if dtype == "float32" else {"model_kwargs": {"torch_dtype": getattr(torch, dtype)}}
+    st = SentenceTransformer(model, device="cpu", **kwargs)
     st.encode(texts[:16], batch_size=batch_size)  # warm-up
     start = time.perf_counter()
     embeds = st.encode(texts, batch_size=batch_size, convert_to_tensor=True)
@@ -112,6 +114,15 @@ def main() -> None:
     parser.add_argument("-O", "--optimization-level", type=int, default=2)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--st-batch-size", type=int, default=32)
+    parser.add_argument(
+        "--dtype", default="auto", help="minivllm's dtype (auto: bfloat16 where the CPU has it)"
+    )
+    parser.add_argument(
+        "--st-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="sentence-transformers' dtype (float32: what encode runs unless told)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     texts = make_inputs(args.num_inputs, args.min_len, args.max_len, args.seed)
@@ -119,14 +130,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         save_model(Path(tmp), args.shape, args.pooling)
         model = str(Path(tmp) / "st")
-        st_time, st_embeds = run_sentence_transformers(model, texts, args.st_batch_size)
-        mv_time, mv_embeds = run_minivllm(model, texts, args)
+        st_time, st_embeds = run_sentence_transformers(
+            model, texts, args.st_batch_size, args.st_dtype
+        )
+        mv_time, mv_embeds, mv_dtype = run_minivllm(model, texts, args)
     torch.set_num_threads(args.threads)
     cosine = torch.nn.functional.cosine_similarity(mv_embeds, st_embeds).min().item()
     print(
         f"\n{args.num_inputs} inputs, {num_tokens} tokens ({args.min_len}-{args.max_len} each), "
-        f"{args.shape} shape, {args.pooling} pooling, float32, {args.threads} threads, "
-        f"minivllm -O{args.optimization_level}, sentence-transformers batch {args.st_batch_size}"
+        f"{args.shape} shape, {args.pooling} pooling, {args.threads} threads, "
+        f"minivllm -O{args.optimization_level} {mv_dtype}, "
+        f"sentence-transformers batch {args.st_batch_size} {args.st_dtype}"
     )
     print(f"{'':24}{'seconds':>10}{'inputs/s':>12}{'tokens/s':>12}{'speed-up':>10}")
     for name, secs in (("sentence-transformers", st_time), ("minivllm", mv_time)):

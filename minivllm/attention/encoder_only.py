@@ -22,12 +22,18 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.math_utils import round_up
 
 ENCODER_ONLY = "encoder_only"
 """`Attention.attn_type` of bidirectional layers (vLLM's ``AttentionType.ENCODER_ONLY``)."""
 
 GROUP_SIZE = 16
 """Most prompts padded into one SDPA call."""
+PAD_MULTIPLE = 16
+"""A group's padded length is rounded up to a multiple of this: torch's CPU flash
+attention runs lengths of whole 16-row blocks faster (bfloat16, 16 prompts x 12 heads
+x 32 dims on a 2-core Sapphire Rapids: 141 rows 4.3 ms, 144 rows 3.3 ms; 250 rows
+10.1 ms, 256 rows 7.1 ms)."""
 
 
 @dataclass
@@ -57,7 +63,7 @@ def plan_groups(starts: list[int], device: torch.device) -> list[PaddedGroup]:
     groups = []
     for g in range(0, len(spans), GROUP_SIZE):
         members = spans[g : g + GROUP_SIZE]
-        max_len = max(e - b for b, e in members)
+        max_len = round_up(max(e - b for b, e in members), PAD_MULTIPLE)
         rows, slots, token_rows, lens = [], [], [], []
         for i, (b, e) in enumerate(members):
             n = e - b

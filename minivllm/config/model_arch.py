@@ -63,9 +63,12 @@ def checkpoint_dtype(hf_config: Any, hf_text_config: Any) -> torch.dtype:
     return torch.float32
 
 
-def resolve_dtype(requested: str | torch.dtype, checkpoint: torch.dtype) -> torch.dtype:
+def resolve_dtype(
+    requested: str | torch.dtype, checkpoint: torch.dtype, *, pooling: bool = False
+) -> torch.dtype:
     """The compute dtype for ``requested`` given the checkpoint dtype (float32 for
-    a quantized GGUF file: the dtype its blocks dequantize to exactly).
+    a quantized GGUF file: the dtype its blocks dequantize to exactly); ``pooling``
+    for a pooling model of unquantized weights.
 
     See the module docstring of `minivllm.config.model` for the rules.
     """
@@ -89,7 +92,7 @@ def resolve_dtype(requested: str | torch.dtype, checkpoint: torch.dtype) -> torc
     if isinstance(requested, torch.dtype):
         return requested
     if current_platform.is_cpu():
-        return _cpu_auto_dtype(checkpoint, cpu_platform.cpu_has_native_bf16())
+        return _cpu_auto_dtype(checkpoint, cpu_platform.cpu_has_native_bf16(), pooling)
     bf16_ok = current_platform.get_device_capability() is None or (
         current_platform.has_device_capability(80)
     )
@@ -101,12 +104,13 @@ def resolve_dtype(requested: str | torch.dtype, checkpoint: torch.dtype) -> torc
     return checkpoint
 
 
-def _cpu_auto_dtype(checkpoint: torch.dtype, native_bf16: bool) -> torch.dtype:
+def _cpu_auto_dtype(checkpoint: torch.dtype, native_bf16: bool, pooling: bool) -> torch.dtype:
     """``dtype="auto"`` on a CPU (figures: `minivllm.config.model`'s docstring):
-    bfloat16 checkpoints keep bfloat16 where the CPU computes it natively; every
-    other checkpoint, quantized GGUF included, runs in float32."""
-    if checkpoint == torch.bfloat16 and native_bf16:
-        _log_auto("bfloat16", torch.bfloat16)
+    bfloat16 checkpoints, and float32 ones of pooling models, run in bfloat16 where
+    the CPU computes it natively; every other checkpoint, quantized GGUF included,
+    runs in float32."""
+    if native_bf16 and (checkpoint == torch.bfloat16 or (pooling and checkpoint == torch.float32)):
+        _log_auto(str(checkpoint).removeprefix("torch."), torch.bfloat16)
         return torch.bfloat16
     if checkpoint in _HALF_DTYPES:
         _log_auto(str(checkpoint).removeprefix("torch."), torch.float32)

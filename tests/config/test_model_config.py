@@ -137,6 +137,12 @@ def test_auto_dtype_on_cpu_follows_bf16_compute(
         assert ModelConfig().dtype == torch.float32
         assert ModelConfig(quantization="none").dtype == torch.float32
         assert ModelConfig(dtype="bfloat16").dtype == torch.bfloat16  # explicit wins
+        # A float32 pooling model computes in bfloat16 where the CPU has it; a float16
+        # one, and the quantized GGUF as an embedder, stay float32.
+        assert ModelConfig(model=f32, runner="pooling").dtype == fast
+        assert ModelConfig(model=f16, runner="pooling").dtype == torch.float32
+        assert ModelConfig(runner="pooling").dtype == torch.float32
+        assert ModelConfig(model=f32, runner="pooling", dtype="float32").dtype == torch.float32
 
 
 def test_explicit_dtype_is_honoured_on_cpu(tmp_path: Path) -> None:

@@ -36,9 +36,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, An
 
 
 def _serve(model: Path, *args: str, max_model_len: int) -> Iterator[RemoteServer]:
-    remote = RemoteServer(
-        "--model", str(model), *args, max_model_len=max_model_len, port=next(PORTS)
-    )
+    remote = RemoteServer(  # float32 on every CPU: compared with float32 references
+        "--model", str(model), "--dtype", "float32", *args,
+        max_model_len=max_model_len, port=next(PORTS),
+    )  # fmt: skip
     with all_ready({"server": remote}):
         yield remote
 

@@ -26,7 +26,10 @@ QUERY = "where is the capital of france"
 
 def _serve(model: Path, *args: str, max_model_len: int) -> RemoteServer:
     with mock.patch("server_utils.free_port", return_value=next(PORTS)):
-        return RemoteServer("--model", str(model), *args, max_model_len=max_model_len)
+        # float32 on every CPU: the replies are compared with float32 references.
+        return RemoteServer(
+            "--model", str(model), "--dtype", "float32", *args, max_model_len=max_model_len
+        )
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-from minivllm.tokenizer import apply_chat_template, get_tokenizer
+from minivllm.tokenizer import apply_chat_template, get_tokenizer, load_gguf_tokenizer
 
 
 def _default_gguf() -> str:
@@ -109,6 +110,36 @@ def test_cached_and_directory_lookup(ours: PreTrainedTokenizerBase) -> None:
     assert get_tokenizer("unused-model", tokenizer=GGUF) is ours
     # The package directory holds exactly one .gguf and no tokenizer files.
     assert get_tokenizer(os.path.dirname(GGUF)) is ours
+
+
+def test_converted_tokenizer_is_cached_per_file(
+    reference: PreTrainedTokenizerBase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers.integrations.gguf as hf_gguf
+
+    monkeypatch.setenv("MINIVLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    shutil.copyfile(GGUF, gguf)
+    load_gguf_tokenizer(str(gguf))  # converts, and keeps the result
+
+    def no_metadata_reads(path: str) -> None:
+        raise AssertionError(f"read the GGUF metadata of {path}")
+
+    monkeypatch.setattr(hf_gguf, "get_gguf_tokenizer", no_metadata_reads)
+    cached = load_gguf_tokenizer(str(gguf))  # read back, not converted
+    for text in TEXTS:
+        assert cached.encode(text) == reference.encode(text), text
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token", "chat_template"):
+        assert getattr(cached, name) == getattr(reference, name), name
+    assert cached.all_special_ids == reference.all_special_ids
+    assert cached.backend_tokenizer.to_str() == reference.backend_tokenizer.to_str()
+    assert cached("Hello")["input_ids"] == reference("Hello")["input_ids"]
+    assert cached.name_or_path == str(gguf)
+    # A file that changed (another size or modification time) is converted again.
+    stat = gguf.stat()
+    os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(AssertionError, match="read the GGUF metadata"):
+        load_gguf_tokenizer(str(gguf))
 
 
 def test_hf_directory(ours: PreTrainedTokenizerBase, tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ computes exactly "activations quantized to int8 per group, times the weight"."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -105,3 +107,16 @@ def test_kernels_trace_opaquely() -> None:
 
     x = torch.randn(3, 64)
     torch.testing.assert_close(torch.compile(f, backend="aot_eager", dynamic=True)(x), f(x))
+
+
+def test_a_failing_compiler_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiler = tmp_path / "cxx"
+    compiler.write_text("#!/bin/sh\necho 'no room left on this disk' >&2\nexit 1\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    target = tmp_path / "kernels" / "lowbit.so"
+    with pytest.raises(RuntimeError, match="(?s)kernels failed.*no room left"):
+        lowbit_cpu._build(target)
+    assert not target.exists() and list(target.parent.iterdir()) == []  # nothing half-built

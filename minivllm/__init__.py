@@ -17,6 +17,8 @@ from minivllm import envs
 # and costs ~1.2x under contention (`benchmarks/omp_wait.py`, README "Machine notes").
 # It must be set before torch loads libgomp; a user's own choice wins.
 envs.set_default_omp_spin()
+# Inductor's kernels go with minivllm's compile cache, not to /tmp (see the function).
+envs.set_default_inductor_cache_dir()
 
 __version__ = "0.1.0"
 

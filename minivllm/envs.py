@@ -154,6 +154,25 @@ def set_default_omp_spin() -> None:
         os.environ["GOMP_SPINCOUNT"] = "1000"
 
 
+_DERIVED_INDUCTOR_DIR = "MINIVLLM_DERIVED_INDUCTOR_CACHE_DIR"
+"""Set beside ``TORCHINDUCTOR_CACHE_DIR`` when minivllm chose it, so that a child
+process with another cache root derives its own instead of taking it for the user's."""
+
+
+def set_default_inductor_cache_dir() -> None:
+    """Keep Inductor's compiled kernels under minivllm's cache root
+    (``<MINIVLLM_CACHE_ROOT>/torchinductor``) unless the user set
+    ``TORCHINDUCTOR_CACHE_DIR``.  Inductor's own default is under /tmp: minivllm's saved
+    compile artifacts name kernels kept there, so once /tmp was emptied (a reboot, a
+    fresh container) a warm start compiled them all again (Gemma 3 270M: 29.8 s instead
+    of 14.3 s on a 2-core machine).  Inductor reads the variable when it first compiles
+    or loads, so this runs at import."""
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or current == os.environ.get(_DERIVED_INDUCTOR_DIR):
+        derived = os.path.abspath(cache_root() / "torchinductor")  # Inductor's own form
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ[_DERIVED_INDUCTOR_DIR] = derived
+
+
 def batch_invariant() -> bool:
     """``VLLM_BATCH_INVARIANT`` (vLLM's name, default off): 1 makes a request's
     results independent of the batch it runs in (other requests, chunked prefill,

@@ -151,8 +151,8 @@ def _converted_tokenizer_dir(gguf_path: str) -> Path:
     size, modification time) and the converting libraries' versions.
 
     Converting reads every vocabulary string of the metadata and builds the tokenizer
-    in Python: 4.6 s of a warm start for Gemma 3's 262k-token vocabulary, 2.5 s when
-    read back from ``tokenizer.json`` (2-core Sapphire Rapids)."""
+    in Python: 4.2-4.6 s of a warm start for Gemma 3's 262k-token vocabulary, 2.5 s
+    when read back from ``tokenizer.json`` (2-core Sapphire Rapids)."""
     import tokenizers
     import transformers
 

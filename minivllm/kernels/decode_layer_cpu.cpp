@@ -1,4 +1,4 @@
-// One Llama-style decoder layer of a decode step as one C++ call (minivllm's own).
+// One decoder layer of a decode step as one C++ call (minivllm's own).
 //
 // At one token a layer's real work is reading its four low-bit weights; the
 // compiled decode graph around them adds what is not: an op dispatch per GEMM,
@@ -7,15 +7,23 @@
 // the whole layer
 //
 //   residual += hidden (unless there is none yet: residual = hidden)
-//   x = rms_norm(residual) * ln1;  qkv = x @ Wqkv.T;  rotary on q, k
-//   K/V rows into the paged cache;  a = attention(q);  residual += a @ Wo.T
-//   x = rms_norm(residual) * ln2;  gu = x @ Wgu.T;  h = silu(g) * u
-//   out = h @ Wdown.T
+//   x = norm_in(residual);  qkv = x @ Wqkv.T (+ bias);  [q/k: per-head norm]
+//   rotary on q, k;  K/V rows into the paged cache;  a = attention(q)
+//   a = a @ Wo.T (+ bias);  [a = norm_post_attn(a)];  residual += a
+//   x = norm_pre_mlp(residual);  gu = x @ Wgu.T (+ bias);  h = act(g) * u
+//   out = h @ Wdown.T (+ bias);  [out = norm_post_mlp(out)];  [out += residual]
 //
 // with the kernels of lowbit_kernels.h and attention_kernels.h, back to back,
 // so the threads stay spinning between its parallel parts and nothing is
 // allocated but the two outputs.  Everything between the GEMMs is float32, as
-// in the model's own ops.
+// in the models' own ops.
+//
+// What differs between model families is read from the layer's `form` (bits
+// below) and from which inputs are given: Llama is form 0; Qwen2 adds biases;
+// Qwen3 adds the q/k norms; Gemma 3 has all four norms scaling by 1 + weight,
+// q/k norms, a tanh-GELU MLP, and returns one stream (`kSumOutput`).  A model
+// stack (`decoder_stack`) may mix KV cache groups, sliding windows and rotary
+// tables per layer, as Gemma 3's local and global layers do.
 //
 // With LoRA on, each projection may carry the per-row adapter delta of
 // minivllm/lora/layers.py's LoRALinear (its stacked slots and the step's
@@ -36,19 +44,49 @@ constexpr int64_t kQ4Kind = 5;  // quantized_linear.Q4
 constexpr int64_t kQ8Kind = 8;  // quantized_linear.INT8
 constexpr int64_t kTokenGrain = 8;  // tokens per thread for the elementwise parts
 
-// One low-bit linear map of the layer (no bias).
+// Bits of a layer's `form` (fused_decoder_layer.py names them too).
+constexpr int64_t kNormPlusOne = 1;  // every norm scales by 1 + weight (Gemma)
+constexpr int64_t kSandwich = 2;     // norms on the attention and MLP outputs as well
+constexpr int64_t kQKNorm = 4;       // per-head RMSNorm of q and k before rotary
+constexpr int64_t kGeluTanh = 8;     // GeGLU with tanh GELU instead of SwiGLU
+constexpr int64_t kSumOutput = 16;   // first output is out + residual (one stream)
+constexpr int64_t kFormBits = 31;
+
+// Norm weights a layer of `form` takes: input and pre-MLP, then the two output
+// norms (kSandwich), then q and k (kQKNorm).
+int64_t norm_count(int64_t form) {
+  return 2 + ((form & kSandwich) ? 2 : 0) + ((form & kQKNorm) ? 2 : 0);
+}
+
+// One low-bit linear map of the layer, with an optional float32 bias.
 struct Linear {
   int64_t kind, in, out;
   const at::Tensor* w;
   at::Tensor scales;  // q4: float16 tiles' scales; q8: float32, one per row
+  at::Tensor bias;    // undefined: none
 
   void operator()(const float* x, int64_t M, float* y, QuantizedRows& a) const {
     if (kind == kQ4Kind)
       q4_gemm_raw(x, M, in, w->data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(), out, y, a);
     else
       q8_gemm_raw(x, M, in, w->data_ptr<int8_t>(), scales.data_ptr<float>(), out, y, a);
+    if (!bias.defined()) return;
+    const float* b = bias.data_ptr<float>();
+    for (int64_t r = 0; r < M; ++r) {
+      float* yr = y + r * out;
+#pragma omp simd
+      for (int64_t i = 0; i < out; ++i) yr[i] += b[i];
+    }
   }
 };
+
+// `make_linear`'s result with `bias` (None: no bias) attached.
+Linear with_bias(Linear lin, const c10::optional<at::Tensor>& bias, const char* name) {
+  if (!bias.has_value() || !bias->defined()) return lin;
+  TORCH_CHECK(bias->numel() == lin.out, "decoder_layer: ", name, " bias does not match its rows");
+  lin.bias = bias->to(at::kFloat).contiguous();
+  return lin;
+}
 
 Linear make_linear(const at::Tensor& w, const at::Tensor& s, int64_t kind, int64_t in,
                    const char* name) {
@@ -67,18 +105,18 @@ Linear make_linear(const at::Tensor& w, const at::Tensor& s, int64_t kind, int64
   return {kind, in, w.size(0), &w, s.to(at::kFloat).contiguous()};
 }
 
-// x [rows, n] -> x * rsqrt(mean(x^2) + eps) * weight, into y.
-void rms_norm(const float* x, const float* weight, float eps, int64_t n, float* y) {
+// x [n] -> x * rsqrt(mean(x^2) + eps) * (weight + offset), into y (may be x).
+void rms_norm(const float* x, const float* weight, float offset, float eps, int64_t n, float* y) {
   float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
   for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
   const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * weight[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * (weight[i] + offset);
 }
 
 // Rotary embedding of one head (neox layout: element i pairs with i + rot / 2;
-// elements past `rot` pass through), from `src` into `dst`.
+// elements past `rot` pass through), from `src` into `dst` (may be `src`).
 void rotate(const float* src, const float* cos, const float* sin, int64_t rot, int64_t hd,
             float* dst) {
   const int64_t half = rot / 2;
@@ -91,21 +129,37 @@ void rotate(const float* src, const float* cos, const float* sin, int64_t rot, i
   for (int64_t i = rot; i < hd; ++i) dst[i] = src[i];
 }
 
-// h[i] = silu(g[i]) * u[i] for i < n.
-void silu_mul_portable(const float* g, const float* u, int64_t n, float* h) {
-  for (int64_t i = 0; i < n; ++i) h[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+// h[i] = act(g[i]) * u[i] for i < n, where act(x) = x * sigmoid(c(x)): SiLU has
+// c(x) = x; tanh GELU, 0.5 x (1 + tanh(z)) = x * sigmoid(2 z), has
+// c(x) = 2 sqrt(2 / pi) (x + 0.044715 x^3).
+constexpr float kGeluC0 = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
+constexpr float kGeluC1 = 0.044715f;
+
+inline float gate_arg(float x, bool gelu) {
+  return gelu ? kGeluC0 * (x + kGeluC1 * x * x * x) : x;
+}
+
+void act_mul_portable(const float* g, const float* u, int64_t n, bool gelu, float* h) {
+  for (int64_t i = 0; i < n; ++i) h[i] = g[i] / (1.f + std::exp(-gate_arg(g[i], gelu))) * u[i];
 }
 
 #if defined(__x86_64__)
-// sigmoid(x) from e = exp(-|x|) <= 1, which `exp_nonpositive` computes:
-// 1 / (1 + e) for x >= 0, e / (1 + e) below.
-MINIVLLM_AVX512 void silu_mul_avx512(const float* g, const float* u, int64_t n, float* h) {
-  const __m512 one = _mm512_set1_ps(1.f);
+// sigmoid(c) from e = exp(-|c|) <= 1, which `exp_nonpositive` computes:
+// 1 / (1 + e) for c >= 0, e / (1 + e) below.
+MINIVLLM_AVX512 void act_mul_avx512(const float* g, const float* u, int64_t n, bool gelu,
+                                    float* h) {
+  const __m512 one = _mm512_set1_ps(1.f), c0 = _mm512_set1_ps(kGeluC0);
+  const __m512 c1 = _mm512_set1_ps(kGeluC1);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
     const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
-    const __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ),
+    __m512 c = x;
+    if (gelu) {
+      const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+      c = _mm512_mul_ps(c0, _mm512_fmadd_ps(c1, x3, x));
+    }
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(c)));
+    const __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(c, _mm512_setzero_ps(), _CMP_GE_OQ),
                                             e, one);
     const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
     _mm512_mask_storeu_ps(h + i, m, _mm512_mul_ps(_mm512_mul_ps(x, sig), _mm512_maskz_loadu_ps(m, u + i)));
@@ -113,11 +167,11 @@ MINIVLLM_AVX512 void silu_mul_avx512(const float* g, const float* u, int64_t n, 
 }
 #endif
 
-void silu_mul(const float* g, const float* u, int64_t n, float* h) {
+void act_mul(const float* g, const float* u, int64_t n, bool gelu, float* h) {
 #if defined(__x86_64__)
-  if (kHasAvx512) return silu_mul_avx512(g, u, n, h);
+  if (kHasAvx512) return act_mul_avx512(g, u, n, gelu, h);
 #endif
-  silu_mul_portable(g, u, n, h);
+  act_mul_portable(g, u, n, gelu, h);
 }
 
 // Rows [0, rows) of a per-token step, on the threads once there are enough rows.
@@ -238,24 +292,54 @@ void layer_attention(const Shape& s, T* cache, const float* q, const float* k, c
   attend(s, q, cache, table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), out);
 }
 
-std::tuple<at::Tensor, at::Tensor> decoder_layer(
-    const at::Tensor& hidden, const c10::optional<at::Tensor>& residual, const at::Tensor& ln1,
-    const at::Tensor& ln2, at::TensorList weights, at::IntArrayRef kinds, const at::Tensor& cos_sin,
-    const at::Tensor& positions, at::Tensor cache, const at::Tensor& block_table,
-    const at::Tensor& seq_lens, const at::Tensor& slots, int64_t num_heads, double eps,
-    double scale, int64_t window, const c10::optional<at::Tensor>& lora_mask,
-    at::IntArrayRef lora_slices, at::TensorList lora) {
+using Biases = c10::List<c10::optional<at::Tensor>>;
+
+// What one layer reads besides the step's shared inputs.
+struct LayerInputs {
+  at::TensorList norms;            // norm_count(form) weights
+  at::TensorList weights;          // 8: (qkv, o, gate_up, down) weights and scales
+  at::IntArrayRef kinds;           // 4
+  const Biases* biases;            // 4 optional biases, from `bias0` on
+  size_t bias0;
+  const at::Tensor* cos_sin;       // the layer's rotary table
+  at::Tensor cache;                // its KV cache
+  const at::Tensor* block_table;   // of its KV cache group
+  const at::Tensor* slots;         // of its KV cache group
+  int64_t window;
+};
+
+// The step's inputs every layer shares.
+struct StepInputs {
+  const at::Tensor* positions;
+  const at::Tensor* seq_lens;
+  int64_t num_heads, form;
+  double eps, scale;
+  const c10::optional<at::Tensor>* lora_mask;
+};
+
+std::tuple<at::Tensor, at::Tensor> run_layer(const at::Tensor& hidden,
+                                             const c10::optional<at::Tensor>& residual,
+                                             const LayerInputs& in, const StepInputs& st,
+                                             at::IntArrayRef lora_slices, at::TensorList lora) {
+  const int64_t form = st.form, num_heads = st.num_heads;
+  TORCH_CHECK((form & ~kFormBits) == 0, "decoder_layer: unknown bits in form");
   TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
               "decoder_layer: hidden must be contiguous float32 [tokens, hidden]");
-  TORCH_CHECK(weights.size() == 8 && kinds.size() == 4,
-              "decoder_layer: expects 4 weights (qkv, o, gate_up, down) with scales and kinds");
+  TORCH_CHECK(in.weights.size() == 8 && in.kinds.size() == 4 && in.biases->size() >= in.bias0 + 4,
+              "decoder_layer: expects 4 weights (qkv, o, gate_up, down) with scales, kinds and "
+              "biases");
+  TORCH_CHECK(static_cast<int64_t>(in.norms.size()) == norm_count(form),
+              "decoder_layer: the norm weights do not match the layer's form");
+  const at::Tensor& cache = in.cache;
   TORCH_CHECK(cache.dim() == 5 && cache.size(0) == 2 && cache.is_contiguous() &&
                   (cache.scalar_type() == at::kFloat || cache.scalar_type() == at::kBFloat16),
               "decoder_layer: cache must be contiguous float32 or bfloat16 [2, blocks, block_size, "
               "kv_heads, head_dim]");
+  const at::Tensor& cos_sin = *in.cos_sin;
   TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.is_contiguous() &&
-                  positions.scalar_type() == at::kLong && block_table.scalar_type() == at::kInt &&
-                  seq_lens.scalar_type() == at::kInt && slots.scalar_type() == at::kLong,
+                  st.positions->scalar_type() == at::kLong &&
+                  in.block_table->scalar_type() == at::kInt &&
+                  st.seq_lens->scalar_type() == at::kInt && in.slots->scalar_type() == at::kLong,
               "decoder_layer: float32 rotary table, int64 positions and slots, int32 table and "
               "lengths");
   const int64_t B = hidden.size(0), H = hidden.size(1);
@@ -266,29 +350,53 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   s.num_kv = cache.size(3);
   s.head_dim = cache.size(4);
   s.num_heads = num_heads;
-  s.table_width = block_table.size(1);
-  s.scale = static_cast<float>(scale);
-  s.window = window;
+  s.table_width = in.block_table->size(1);
+  s.scale = static_cast<float>(st.scale);
+  s.window = in.window;
   const int64_t hd = s.head_dim, qs = num_heads * hd, kvs = s.num_kv * hd;
   const int64_t rot = cos_sin.size(1);
   TORCH_CHECK(num_heads % s.num_kv == 0 && rot % 2 == 0 && rot <= hd,
               "decoder_layer: head counts or rotary size do not match the cache");
-  const Linear qkv = make_linear(weights[0], weights[1], kinds[0], H, "qkv_proj");
-  const Linear o = make_linear(weights[2], weights[3], kinds[1], qs, "o_proj");
-  const Linear gu = make_linear(weights[4], weights[5], kinds[2], H, "gate_up_proj");
+  const Biases& bs = *in.biases;
+  const size_t b0 = in.bias0;
+  const at::TensorList w = in.weights;
+  const Linear qkv = with_bias(make_linear(w[0], w[1], in.kinds[0], H, "qkv_proj"),
+                               bs.get(b0), "qkv_proj");
+  const Linear o = with_bias(make_linear(w[2], w[3], in.kinds[1], qs, "o_proj"),
+                             bs.get(b0 + 1), "o_proj");
+  const Linear gu = with_bias(make_linear(w[4], w[5], in.kinds[2], H, "gate_up_proj"),
+                              bs.get(b0 + 2), "gate_up_proj");
   const int64_t inter = gu.out / 2;
-  const Linear down = make_linear(weights[6], weights[7], kinds[3], inter, "down_proj");
+  const Linear down = with_bias(make_linear(w[6], w[7], in.kinds[3], inter, "down_proj"),
+                                bs.get(b0 + 3), "down_proj");
   TORCH_CHECK(qkv.out == qs + 2 * kvs && o.out == H && down.out == H && gu.out == 2 * inter,
               "decoder_layer: weight shapes do not match the hidden size and heads");
-  const LoRALayer lr = make_lora(lora_mask, lora_slices, lora, B, {H, qs, H, inter},
+  const LoRALayer lr = make_lora(*st.lora_mask, lora_slices, lora, B, {H, qs, H, inter},
                                  {qkv.out, H, gu.out, H});
-  const at::Tensor w1 = ln1.to(at::kFloat).contiguous(), w2 = ln2.to(at::kFloat).contiguous();
-  const at::Tensor pos = positions.contiguous(), table = block_table.contiguous();
-  const at::Tensor lens = seq_lens.contiguous(), sl = slots.contiguous();
+  const bool sandwich = form & kSandwich, qk_norm = form & kQKNorm;
+  // Norm weights as float32, in the order norm_count names them.
+  std::vector<at::Tensor> nw;
+  for (size_t i = 0; i < in.norms.size(); ++i) {
+    nw.push_back(in.norms[i].to(at::kFloat).contiguous());
+    const int64_t want = (i < 2 || (sandwich && i < 4)) ? H : hd;
+    TORCH_CHECK(nw.back().numel() == want, "decoder_layer: norm weight ", i, " has ",
+                nw.back().numel(), " values, not ", want);
+  }
+  const float* n_in = nw[0].data_ptr<float>();
+  const float* n_mlp = nw[1].data_ptr<float>();
+  const float* n_post_attn = sandwich ? nw[2].data_ptr<float>() : nullptr;
+  const float* n_post_mlp = sandwich ? nw[3].data_ptr<float>() : nullptr;
+  const float* n_q = qk_norm ? nw[sandwich ? 4 : 2].data_ptr<float>() : nullptr;
+  const float* n_k = qk_norm ? nw[sandwich ? 5 : 3].data_ptr<float>() : nullptr;
+  const float off = (form & kNormPlusOne) ? 1.f : 0.f;
+  const bool gelu = form & kGeluTanh;
+  const at::Tensor pos = st.positions->contiguous(), table = in.block_table->contiguous();
+  const at::Tensor lens = st.seq_lens->contiguous(), sl = in.slots->contiguous();
 
   at::Tensor res = at::empty({B, H}, hidden.options());
   at::Tensor out = at::empty({B, H}, hidden.options());
   float* rp = res.data_ptr<float>();
+  float* op = out.data_ptr<float>();
   const float* hp = hidden.data_ptr<float>();
   if (residual.has_value()) {
     const at::Tensor r0 = residual->to(at::kFloat).contiguous();
@@ -311,7 +419,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   t.o.resize(B * H);
   t.gu.resize(B * gu.out);
   t.h.resize(B * inter);
-  const float eps_f = static_cast<float>(eps);
+  const float eps_f = static_cast<float>(st.eps);
   const float* cs = cos_sin.data_ptr<float>();
   const int64_t* pp = pos.data_ptr<int64_t>();
   const int64_t max_pos = cos_sin.size(0);
@@ -320,7 +428,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
 
   // Attention block.
   each_token(B, [&](int64_t b) {
-    rms_norm(rp + b * H, w1.data_ptr<float>(), eps_f, H, t.x.data() + b * H);
+    rms_norm(rp + b * H, n_in, off, eps_f, H, t.x.data() + b * H);
   });
   qkv(t.x.data(), B, t.qkv.data(), t.act);
   lr.add(0, t.x.data(), B, t.qkv.data());
@@ -328,10 +436,18 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     const float* row = t.qkv.data() + b * qkv.out;
     const float* cos = cs + pp[b] * rot;
     const float* sin = cos + rot / 2;
-    for (int64_t h = 0; h < num_heads; ++h)
-      rotate(row + h * hd, cos, sin, rot, hd, t.q.data() + b * qs + h * hd);
-    for (int64_t h = 0; h < s.num_kv; ++h)
-      rotate(row + qs + h * hd, cos, sin, rot, hd, t.k.data() + b * kvs + h * hd);
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const float* src = row + h * hd;
+      float* dst = t.q.data() + b * qs + h * hd;
+      if (qk_norm) rms_norm(src, n_q, off, eps_f, hd, dst);
+      rotate(qk_norm ? dst : src, cos, sin, rot, hd, dst);
+    }
+    for (int64_t h = 0; h < s.num_kv; ++h) {
+      const float* src = row + qs + h * hd;
+      float* dst = t.k.data() + b * kvs + h * hd;
+      if (qk_norm) rms_norm(src, n_k, off, eps_f, hd, dst);
+      rotate(qk_norm ? dst : src, cos, sin, rot, hd, dst);
+    }
   });
   const float* v = t.qkv.data() + qs + kvs;
   if (cache.scalar_type() == at::kFloat)
@@ -346,53 +462,94 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   // MLP block.
   each_token(B, [&](int64_t b) {
     float* r = rp + b * H;
-    const float* a = t.o.data() + b * H;
+    float* a = t.o.data() + b * H;
+    if (sandwich) rms_norm(a, n_post_attn, off, eps_f, H, a);
     for (int64_t i = 0; i < H; ++i) r[i] += a[i];
-    rms_norm(r, w2.data_ptr<float>(), eps_f, H, t.x.data() + b * H);
+    rms_norm(r, n_mlp, off, eps_f, H, t.x.data() + b * H);
   });
   gu(t.x.data(), B, t.gu.data(), t.act);
   lr.add(2, t.x.data(), B, t.gu.data());
   each_token(B, [&](int64_t b) {
     const float* row = t.gu.data() + b * gu.out;
-    silu_mul(row, row + inter, inter, t.h.data() + b * inter);
+    act_mul(row, row + inter, inter, gelu, t.h.data() + b * inter);
   });
-  down(t.h.data(), B, out.data_ptr<float>(), t.act);
-  lr.add(3, t.h.data(), B, out.data_ptr<float>());
+  down(t.h.data(), B, op, t.act);
+  lr.add(3, t.h.data(), B, op);
+  if (sandwich || (form & kSumOutput)) {
+    each_token(B, [&](int64_t b) {
+      float* y = op + b * H;
+      if (sandwich) rms_norm(y, n_post_mlp, off, eps_f, H, y);
+      if (form & kSumOutput)
+        for (int64_t i = 0; i < H; ++i) y[i] += rp[b * H + i];
+    });
+  }
   return {out, res};
 }
 
+std::tuple<at::Tensor, at::Tensor> decoder_layer(
+    const at::Tensor& hidden, const c10::optional<at::Tensor>& residual, at::TensorList norms,
+    at::TensorList weights, at::IntArrayRef kinds, const Biases& biases, const at::Tensor& cos_sin,
+    const at::Tensor& positions, at::Tensor cache, const at::Tensor& block_table,
+    const at::Tensor& seq_lens, const at::Tensor& slots, int64_t num_heads, double eps,
+    double scale, int64_t window, int64_t form, const c10::optional<at::Tensor>& lora_mask,
+    at::IntArrayRef lora_slices, at::TensorList lora) {
+  const LayerInputs in{norms, weights, kinds, &biases, 0, &cos_sin, cache, &block_table, &slots,
+                       window};
+  const StepInputs st{&positions, &seq_lens, num_heads, form, eps, scale, &lora_mask};
+  return run_layer(hidden, residual, in, st, lora_slices, lora);
+}
+
 // All of a model's decoder layers in one call: `decoder_layer` for each, the
-// first without a residual.  Per layer: 2 norms in `norms`, 8 tensors in
-// `weights` and 4 kinds in `kinds` (as `decoder_layer` takes them), its KV
-// cache in `caches`; every layer reads the same block table (one KV cache
-// group) and has the same sliding window.  With LoRA, 4 counts per layer in
-// `lora_slices` and the layers' `lora` tensors one layer after the other.  One
+// first without a residual.  Per layer: norm_count(form) weights in `norms`, 8
+// tensors in `weights`, 4 kinds in `kinds` and 4 optional biases in `biases` (as
+// `decoder_layer` takes them), its rotary table in `cos_sins`, its KV cache
+// (an index into `caches` in `cache_index`), its KV cache group in `groups` (an
+// index into `block_tables` and `slots`) and its sliding window in `windows`.
+// Layers of different groups may share one cache tensor (Gemma 3's six groups
+// share three): each tensor is listed once, so the op's in-place writes to it
+// are one mutated input, never two aliases of it that a traced graph would
+// copy back one over the other.  With `kSumOutput` in `form` the
+// last layer's output carries the residual added.  With LoRA, 4 counts per layer
+// in `lora_slices` and the layers' `lora` tensors one layer after the other.  One
 // op call per step instead of one per layer.
 std::tuple<at::Tensor, at::Tensor> decoder_stack(
     const at::Tensor& hidden, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
-    const at::Tensor& cos_sin, const at::Tensor& positions, at::TensorList caches,
-    const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& slots,
-    int64_t num_heads, double eps, double scale, int64_t window,
-    const c10::optional<at::Tensor>& lora_mask, at::IntArrayRef lora_slices, at::TensorList lora) {
-  const size_t layers = caches.size();
-  TORCH_CHECK(layers > 0 && norms.size() == 2 * layers && weights.size() == 8 * layers &&
-                  kinds.size() == 4 * layers,
-              "decoder_stack: 2 norms, 8 weight tensors and 4 kinds per layer");
+    const Biases& biases, at::TensorList cos_sins, const at::Tensor& positions,
+    at::TensorList caches, at::IntArrayRef cache_index, at::TensorList block_tables,
+    const at::Tensor& seq_lens, at::TensorList slots, at::IntArrayRef groups, int64_t num_heads, double eps, double scale,
+    at::IntArrayRef windows, int64_t form, const c10::optional<at::Tensor>& lora_mask,
+    at::IntArrayRef lora_slices, at::TensorList lora) {
+  const size_t layers = cache_index.size();
+  const size_t per = static_cast<size_t>(norm_count(form));
+  TORCH_CHECK(layers > 0 && norms.size() == per * layers && weights.size() == 8 * layers &&
+                  kinds.size() == 4 * layers && biases.size() == 4 * layers &&
+                  cos_sins.size() == layers && groups.size() == layers &&
+                  windows.size() == layers,
+              "decoder_stack: per layer its norms, 8 weight tensors, 4 kinds, 4 biases, a rotary "
+              "table, a KV cache, a KV cache group and a window");
+  TORCH_CHECK(block_tables.size() == slots.size(), "decoder_stack: a block table and slots per group");
   TORCH_CHECK(lora.empty() || lora_slices.size() == 4 * layers,
               "decoder_stack: 4 lora_slices per layer");
   std::tuple<at::Tensor, at::Tensor> state{hidden, at::Tensor()};
   size_t next = 0;
   for (size_t l = 0; l < layers; ++l) {
+    const int64_t g = groups[l], c = cache_index[l];
+    TORCH_CHECK(c >= 0 && c < static_cast<int64_t>(caches.size()),
+                "decoder_stack: a layer's KV cache index is out of range");
+    TORCH_CHECK(g >= 0 && g < static_cast<int64_t>(block_tables.size()),
+                "decoder_stack: a layer's KV cache group has no block table");
     const at::Tensor& res = std::get<1>(state);
     at::IntArrayRef counts = lora.empty() ? at::IntArrayRef() : lora_slices.slice(4 * l, 4);
     const size_t n = lora.empty() ? 0 : static_cast<size_t>(lora_tensors(counts));
     TORCH_CHECK(next + n <= lora.size(), "decoder_stack: too few lora tensors");
-    state = decoder_layer(std::get<0>(state),
-                          res.defined() ? c10::optional<at::Tensor>(res) : c10::nullopt,
-                          norms[2 * l], norms[2 * l + 1], weights.slice(8 * l, 8),
-                          kinds.slice(4 * l, 4), cos_sin, positions, caches[l], block_table,
-                          seq_lens, slots, num_heads, eps, scale, window, lora_mask, counts,
-                          lora.slice(next, n));
+    const LayerInputs in{norms.slice(per * l, per), weights.slice(8 * l, 8), kinds.slice(4 * l, 4),
+                         &biases, 4 * l, &cos_sins[l], caches[c], &block_tables[g], &slots[g],
+                         windows[l]};
+    const int64_t layer_form = l + 1 == layers ? form : form & ~kSumOutput;
+    const StepInputs st{&positions, &seq_lens, num_heads, layer_form, eps, scale, &lora_mask};
+    state = run_layer(std::get<0>(state),
+                      res.defined() ? c10::optional<at::Tensor>(res) : c10::nullopt, in, st, counts,
+                      lora.slice(next, n));
     next += n;
   }
   return state;
@@ -403,14 +560,16 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
 TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
   m.def(
       "decoder_stack(Tensor hidden, Tensor[] norms, Tensor[] weights, int[] kinds, "
-      "Tensor cos_sin, Tensor positions, Tensor(a!)[] caches, Tensor block_table, "
-      "Tensor seq_lens, Tensor slots, int num_heads, float eps, float scale, int window, "
-      "Tensor? lora_mask, int[] lora_slices, Tensor[] lora) -> (Tensor, Tensor)");
+      "Tensor?[] biases, Tensor[] cos_sins, Tensor positions, Tensor(a!)[] caches, "
+      "int[] cache_index, Tensor[] block_tables, Tensor seq_lens, Tensor[] slots, int[] groups, int num_heads, "
+      "float eps, float scale, int[] windows, int form, Tensor? lora_mask, int[] lora_slices, "
+      "Tensor[] lora) -> (Tensor, Tensor)");
   m.def(
-      "decoder_layer(Tensor hidden, Tensor? residual, Tensor ln1, Tensor ln2, Tensor[] weights, "
-      "int[] kinds, Tensor cos_sin, Tensor positions, Tensor(a!) cache, Tensor block_table, "
-      "Tensor seq_lens, Tensor slots, int num_heads, float eps, float scale, int window, "
-      "Tensor? lora_mask, int[] lora_slices, Tensor[] lora) -> (Tensor, Tensor)");
+      "decoder_layer(Tensor hidden, Tensor? residual, Tensor[] norms, Tensor[] weights, "
+      "int[] kinds, Tensor?[] biases, Tensor cos_sin, Tensor positions, Tensor(a!) cache, "
+      "Tensor block_table, Tensor seq_lens, Tensor slots, int num_heads, float eps, float scale, "
+      "int window, int form, Tensor? lora_mask, int[] lora_slices, Tensor[] lora) -> "
+      "(Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {

@@ -23,9 +23,10 @@ Ops (all CPU, float32 out):
 - ``decode_attention(query, key, value, cache, block_table, seq_lens, slots,
   scale, window)``: writes one decode step's K/V into the paged ``cache`` in
   place and returns the step's attention (`minivllm.attention.decode_graph`);
-- ``decoder_layer(hidden, residual, ln1, ln2, weights, kinds, cos_sin, positions,
-  cache, ..., lora_mask, lora_slices, lora)``: one Llama-style decoder layer of a
-  decode step (with each row's LoRA delta where ``lora`` holds adapter slots), and
+- ``decoder_layer(hidden, residual, norms, weights, kinds, biases, cos_sin,
+  positions, cache, ..., form, lora_mask, lora_slices, lora)``: one decoder layer
+  of a decode step, of the family its ``form`` bits describe (Llama, Qwen2, Qwen3,
+  Gemma 3; with each row's LoRA delta where ``lora`` holds adapter slots), and
   ``decoder_stack(...)`` all of a model's in one call
   (`minivllm.model_executor.layers.fused_decoder_layer`).
 """

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fused_layer_helpers import StepHandle, set_q4, with_decode_attention
 from transformers import LlamaConfig
 
-from minivllm.attention.decode_graph import DecodeAttention
-from minivllm.attention.forward_context import DecodeStep, ForwardContext, ForwardContextHandle
+from minivllm.attention.forward_context import DecodeStep, ForwardContextHandle
 from minivllm.kernels import lowbit_cpu
+from minivllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
 from minivllm.model_executor.layers.fused_decoder_layer import (
     FusedDecoderLayer,
     FusedDecoderStack,
@@ -22,7 +23,7 @@ from minivllm.model_executor.layers.fused_decoder_layer import (
     fused_layers,
     layer_parts,
 )
-from minivllm.model_executor.layers.layernorm import RMSNorm
+from minivllm.model_executor.layers.layernorm import GemmaRMSNorm, RMSNorm
 from minivllm.model_executor.layers.quantized_linear import INT8, Q4
 from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from minivllm.model_executor.models.llama import AttnOptions, LlamaDecoderLayer
@@ -41,16 +42,6 @@ def _config() -> LlamaConfig:
     )  # fmt: skip
 
 
-def _set_q4(linear: torch.nn.Module, gen: torch.Generator) -> None:
-    n, k = linear.output_size, linear.input_size
-    q = torch.randint(0, 16, (n, k), generator=gen)
-    scale = (torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3).half().float()
-    mins = (-torch.rand(n, k // 32, generator=gen) * 0.15).half().float()
-    codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
-    linear.quant_kind, linear.weight = Q4, None
-    linear.qweight, linear.qscales = codes.view(n, k // 2), scale_min.view(n, -1)
-
-
 def _layer(kinds: tuple[int, int, int, int], rotary_dim: int, window: int | None):
     gen = torch.Generator().manual_seed(0)
     layer = LlamaDecoderLayer(
@@ -62,44 +53,13 @@ def _layer(kinds: tuple[int, int, int, int], rotary_dim: int, window: int | None
     linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
     for linear, kind in zip(linears, kinds, strict=True):
         if kind == Q4:
-            _set_q4(linear, gen)
+            set_q4(linear, gen)
         else:
             linear.weight.data = torch.randn(linear.weight.shape, generator=gen) * 0.05
             linear.quantize_int8()
     for norm in (layer.input_layernorm, layer.post_attention_layernorm):
         norm.weight.data = 1 + 0.1 * torch.randn(HIDDEN, generator=gen)
     return layer
-
-
-class _handle:
-    """A `ForwardContextHandle` lent ``step`` inside the block, as the decode graph's
-    compiled call lends it."""
-
-    def __init__(self, step: DecodeStep) -> None:
-        self.handle = ForwardContextHandle()
-        self.step = step
-
-    def __enter__(self) -> ForwardContextHandle:
-        self.handle.context = ForwardContext(None, decode_step=self.step)
-        return self.handle
-
-    def __exit__(self, *exc: object) -> None:
-        self.handle.context = None
-
-
-def _with_decode_attention(layer, handle: ForwardContextHandle):
-    """``layer`` with its attention inlined (`DecodeAttention`), restored after the call."""
-    attn = layer.self_attn
-
-    def run(*args):
-        original = attn.attn
-        attn.attn = DecodeAttention(original, handle, native=True)
-        try:
-            return layer(*args)
-        finally:
-            attn.attn = original
-
-    return run
 
 
 def _step(layer, lens: list[int], cache_dtype: torch.dtype, fused: bool, residual: bool):
@@ -118,12 +78,12 @@ def _step(layer, lens: list[int], cache_dtype: torch.dtype, fused: bool, residua
     slots = table.gather(1, (positions // BLOCK)[:, None]).squeeze(1).long() * BLOCK
     slots += positions % BLOCK
     step = DecodeStep(seq_lens, [table.to(torch.int32)], [slots])
-    with _handle(step) as handle:
+    with StepHandle(step) as handle:
         if fused:
             assert fusable(layer, torch.float32)
             out, new_res = FusedDecoderLayer(layer, handle)(positions, hidden, res)
         else:
-            out, new_res = _with_decode_attention(layer, handle)(positions, hidden, res)
+            out, new_res = with_decode_attention(layer, handle)(positions, hidden, res)
     return out, new_res, layer.self_attn.attn.kv_cache
 
 
@@ -182,11 +142,22 @@ def test_only_eligible_layers_fuse(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not fusable(layer, torch.float32)
     monkeypatch.delenv("MINIVLLM_CPU_FUSED_LAYERS")
     attn.q_norm = RMSNorm(HD, 1e-5)
-    assert not fusable(layer, torch.float32)  # Qwen3's q/k norms
-    attn.q_norm = None
+    assert not fusable(layer, torch.float32)  # a q norm without a k norm
+    attn.k_norm = RMSNorm(HD, 1e-6)
+    assert not fusable(layer, torch.float32)  # norms of two epsilons
+    attn.k_norm = RMSNorm(HD, 1e-5)
+    assert fusable(layer, torch.float32)  # Qwen3's q/k norms
+    attn.k_norm = GemmaRMSNorm(HD, 1e-5)
+    assert not fusable(layer, torch.float32)  # norms of two kinds
+    attn.q_norm = attn.k_norm = None
     attn.o_proj.bias = torch.nn.Parameter(torch.zeros(HIDDEN))
-    assert not fusable(layer, torch.float32)  # a bias (Qwen2)
+    assert fusable(layer, torch.float32)  # a bias (Qwen2)
+    attn.o_proj.bias = torch.nn.Parameter(torch.zeros(HIDDEN, dtype=torch.bfloat16))
+    assert not fusable(layer, torch.float32)  # a bias the kernel does not read
     attn.o_proj.bias = None
+    layer.mlp.act_fn = GeluAndMul("tanh")
+    assert not fusable(layer, torch.float32)  # a Llama-form layer gates with SiLU
+    layer.mlp.act_fn = SiluAndMul()
     attn.attn.kv_cache = torch.zeros(2, BLOCKS, BLOCK, NKV, HD, dtype=torch.float16)
     assert not fusable(layer, torch.float32)  # a cache dtype the kernels do not read
     attn.attn.kv_cache = torch.zeros(2, BLOCKS, BLOCK, NKV, HD)
@@ -218,7 +189,7 @@ def test_stack_of_layers_matches_layer_by_layer() -> None:
     step = DecodeStep(seq_lens, [table], [slots])
     want_caches = caches()
     h, r = hidden, None
-    with _handle(step) as handle:
+    with StepHandle(step) as handle:
         for layer, cache in zip(layers, want_caches, strict=True):
             layer.self_attn.attn.kv_cache = cache
             h, r = FusedDecoderLayer(layer, handle)(positions, h, r)
@@ -235,8 +206,12 @@ def test_stack_of_layers_matches_layer_by_layer() -> None:
     plan = fused_layers(layers, torch.float32, handle)
     assert isinstance(plan[0], FusedDecoderStack)
     assert all(isinstance(p, RunByStack) for p in plan[1:])
-    # A layer that differs in a shared setting: each layer fused on its own.
+    # Windows may differ per layer (Gemma 3's local and global layers) ...
     layers[1].self_attn.attn.sliding_window = 4
+    assert isinstance(fused_layers(layers, torch.float32, handle)[0], FusedDecoderStack)
+    # ... a layer of another form may not: each layer fused on its own.
+    layers[1].self_attn.q_norm = RMSNorm(HD, 1e-5)
+    layers[1].self_attn.k_norm = RMSNorm(HD, 1e-5)
     plan = fused_layers(layers, torch.float32, handle)
     assert all(isinstance(p, FusedDecoderLayer) for p in plan)
     with pytest.MonkeyPatch.context() as mp:

@@ -16,4 +16,12 @@ PRE_NORM_SWIGLU = "pre_norm_swiglu"
 ``post_attention_layernorm`` adding the residual, and ``mlp`` (``gate_up_proj``,
 ``act_fn``, ``down_proj``).  Llama's layer, reused by Qwen2 and Qwen3."""
 
-__all__ = ["PRE_NORM_SWIGLU"]
+SANDWICH_GEGLU = "sandwich_geglu"
+"""``forward(positions, hidden) -> hidden``: ``input_layernorm``, ``self_attn``
+(``qkv_proj``, optional ``q_norm``/``k_norm``, ``rotary_emb``, ``attn``,
+``o_proj``), ``post_attention_layernorm`` on the attention output, the residual
+add, ``pre_feedforward_layernorm``, ``mlp`` (``gate_up_proj``, ``act_fn``,
+``down_proj``), ``post_feedforward_layernorm`` on the MLP output and the residual
+add.  Gemma 3's layer."""
+
+__all__ = ["PRE_NORM_SWIGLU", "SANDWICH_GEGLU"]

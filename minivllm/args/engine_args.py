@@ -341,6 +341,7 @@ class EngineArgs:
         """Build every sub-config, then the resolved `VllmConfig`, recording the paths the
         user set (raises ValueError naming the flag at fault)."""
         self._check_data_parallel_rank()
+        _start_cpu_kernel_build(self.device)
         built: dict[str, Any] = {}
         for target in TARGETS:
             if not target.attr or (target.cls is LoRAConfig and not self.enable_lora):
@@ -379,3 +380,19 @@ class EngineArgs:
 
 
 __all__ = ["ALIASES", "PARSERS", "TARGETS", "EngineArgs", "FlexibleArgumentParser"]
+
+
+def _start_cpu_kernel_build(device: str) -> None:
+    """A CPU start-up on a machine without minivllm's C++ kernels compiles them while
+    the config, tokenizer and weights are read (`lowbit_cpu.start_building`)."""
+    if device.startswith("cuda") or (device == "auto" and _cuda_available()):
+        return
+    from minivllm.kernels import lowbit_cpu
+
+    lowbit_cpu.start_building()
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -145,24 +145,35 @@ class VllmBackend:
         ranges = [] if self.one_range else compilation_config.get_compile_ranges()
         sizes = [] if self.one_range else [int(s) for s in compilation_config.compile_sizes or []]
         num_pieces = len(to_compile)
+        records: dict[str, Any] = {}
 
         def make_piece(name: str, submod: fx.GraphModule, args: list[Any]) -> Callable[..., Any]:
             assert self.compiler is not None
             index = len(self.pieces)
             piece = PiecewiseBackend(submod, index, args, self.compiler, ranges, sizes)
             self.pieces.append(piece)
+            records[name] = piece.record()
             if self.piece_wrapper is not None:
                 return self.piece_wrapper(piece, index, num_pieces)
             return piece
 
-        fake_mode = detect_fake_mode(example_inputs)
-        assert fake_mode is not None, "VllmBackend runs inside a Dynamo trace"
-        fake_args = [
-            fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs
-        ]
-        _PieceInstaller(
-            self.split_gm, {i.submod_name for i in to_compile}, make_piece, fake_mode
-        ).run(*fake_args)
+        cache = self.compiler.cache
+        fingerprint = _fingerprint(gm, example_inputs, splitting_ops, ranges, sizes)
+        recorded = cache.recorded_pieces(fingerprint) if cache is not None else None
+        if recorded is None or not self._install_recorded(to_compile, recorded, ranges, sizes):
+            fake_mode = detect_fake_mode(example_inputs)
+            assert fake_mode is not None, "VllmBackend runs inside a Dynamo trace"
+            fake_args = [
+                fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t
+                for t in example_inputs
+            ]
+            self.pieces = []
+            compilation_counter.num_shape_runs += 1
+            _PieceInstaller(
+                self.split_gm, {i.submod_name for i in to_compile}, make_piece, fake_mode
+            ).run(*fake_args)
+            if cache is not None:
+                cache.record_pieces(fingerprint, records)
         elapsed = time.perf_counter() - start
         logger.info(
             "VLLM_COMPILE (%s): %d pieces around %d splitting ops, passes %s; "
@@ -175,6 +186,61 @@ class VllmBackend:
             compilation_config.backend,
         )
         return self.split_gm
+
+    def _install_recorded(
+        self,
+        to_compile: list[SplitItem],
+        recorded: dict[str, Any],
+        ranges: list[Any],
+        sizes: list[int],
+    ) -> bool:
+        """Install every piece from the entries a former start recorded for this graph
+        (no fake-tensor run); False, with nothing installed, if one is not cached."""
+        assert self.compiler is not None and self.split_gm is not None
+        pieces = []
+        for item in to_compile:
+            record = recorded.get(item.submod_name)
+            piece = None
+            if record is not None:
+                piece = PiecewiseBackend.from_record(
+                    getattr(self.split_gm, item.submod_name),
+                    record,
+                    self.compiler,
+                    ranges,
+                    sizes,
+                )
+            if piece is None:
+                return False
+            pieces.append(piece)
+        self.pieces = sorted(pieces, key=lambda p: p.piece_index)
+        for item, piece in zip(to_compile, pieces, strict=True):
+            call = piece
+            if self.piece_wrapper is not None:
+                call = self.piece_wrapper(piece, piece.piece_index, len(pieces))
+            # As `_PieceInstaller`: an instance attribute shadows the submodule.
+            self.split_gm.__dict__[item.submod_name] = call
+        return True
+
+
+def _fingerprint(
+    gm: fx.GraphModule,
+    example_inputs: list[Any],
+    splitting_ops: list[str],
+    ranges: list[Any],
+    sizes: list[int],
+) -> str:
+    """A hash of what decides the split graph's pieces and their entries: the traced
+    code, its inputs' dtypes and (symbolic) shapes, the splitting ops, the shapes
+    compiled for, and the torch version."""
+    import hashlib
+
+    parts = [torch.__version__, gm.code, repr(splitting_ops), repr(ranges), repr(sizes)]
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor):
+            parts.append(f"{t.dtype}{tuple(t.shape)}{t.stride()}{t.device.type}")
+        else:
+            parts.append(repr(t))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
 def _cache_disabled() -> bool:

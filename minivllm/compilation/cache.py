@@ -3,7 +3,8 @@
 Layout: ``<cache_dir>/rank_<r>/<prefix>/`` holds one artifact per compiled entry
 (``artifact_<key>`` written by Inductor's `CompiledArtifact.save` in
 ``compile_cache_save_format``) and ``cache_index.json`` mapping each entry key to
-its artifact.  The default ``cache_dir`` is
+its artifact; ``pieces.json`` records, per split graph, the entries each of its
+pieces uses (so a warm start installs them without tracing shapes).  The default ``cache_dir`` is
 ``<cache root>/torch_compile_cache/<VllmConfig.compute_hash()>``, so a changed
 hashed config field lands in a fresh directory and recompiles, while an unhashed
 field (KV-cache size, logging, ...) reuses the artifacts.  An entry key hashes the
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 INDEX_FILE = "cache_index.json"
+PIECES_FILE = "pieces.json"
 
 
 def default_cache_dir(vllm_config: VllmConfig) -> Path:
@@ -82,16 +84,43 @@ class CompileCache:
             logger.warning("could not load compiled artifact %s (%s); recompiling", path, exc)
             return None
 
+    def recorded_pieces(self, fingerprint: str) -> dict[str, Any] | None:
+        """The pieces recorded for the split graph ``fingerprint`` (`record_pieces`)."""
+        try:
+            return json.loads((self.directory / PIECES_FILE).read_text()).get(fingerprint)
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def record_pieces(self, fingerprint: str, pieces: dict[str, Any]) -> None:
+        """Remember which entries each piece of the graph ``fingerprint`` uses, so a
+        later start can install them without running the graph on fake inputs."""
+        path = self.directory / PIECES_FILE
+        try:
+            known = json.loads(path.read_text()) if path.is_file() else {}
+            if not isinstance(known, dict):
+                known = {}
+        except (OSError, ValueError):
+            known = {}
+        known[fingerprint] = pieces
+        try:
+            self._write_json(path, known)
+        except OSError as exc:  # only a later start's shortcut is lost
+            logger.warning("could not record the compiled pieces in %s: %s", path, exc)
+
+    def _write_json(self, path: Path, value: Any) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".index")
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
     def save(self, key: str, artifact: Any) -> None:
         """Write ``artifact`` and record it in the index (atomically replaced)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         name = f"artifact_{key}"
         artifact.save(path=str(self.directory / name), format=self.save_format)
         self.index[key] = name
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".index")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.index, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.index_path)
+        self._write_json(self.index_path, self.index)
 
 
 __all__ = ["CompileCache", "default_cache_dir", "local_cache_dir"]

@@ -87,24 +87,38 @@ class PieceCompiler:
         self._compiled: dict[str, Callable[..., Any]] = {}
         self.compile_seconds = 0.0
 
+    def key(self, gm: fx.GraphModule, example_args: list[Any], label: str) -> str:
+        """The entry key of ``gm`` for ``label`` ("range_1_512", "size_8")."""
+        return graph_key(gm, example_args, f"{label}|inductor={self.use_inductor}")
+
     def compile(
         self, gm: fx.GraphModule, example_args: list[Any], label: str, dynamic: bool
     ) -> Callable[..., Any]:
         """A callable running ``gm``; ``label`` names the shape entry ("range_1_512",
         "size_8"); ``dynamic`` keeps the tracing context's symbolic sizes."""
-        key = graph_key(gm, example_args, f"{label}|inductor={self.use_inductor}")
+        key = self.key(gm, example_args, label)
+        fn = self.load(gm, key)
+        if fn is None:
+            start = time.perf_counter()
+            fn = self._compile(gm, example_args, key, dynamic)
+            self.compile_seconds += time.perf_counter() - start
+            self._compiled[key] = fn
+        return fn
+
+    def load(self, gm: fx.GraphModule, key: str) -> Callable[..., Any] | None:
+        """The entry ``key`` of ``gm`` if it was made in this process or is in the
+        on-disk cache, else None (compiles nothing)."""
         if key in self._compiled:
             return self._compiled[key]
+        if not (self.use_inductor and self.cache is not None):
+            return None
         start = time.perf_counter()
-        fn: Callable[..., Any] | None = None
-        if self.use_inductor and self.cache is not None:
-            loaded = self.cache.load(key)
-            if loaded is not None:
-                compilation_counter.num_cache_loads += 1
-                fn = _match_output_structure(gm, loaded)
-        if fn is None:
-            fn = self._compile(gm, example_args, key, dynamic)
+        loaded = self.cache.load(key)
         self.compile_seconds += time.perf_counter() - start
+        if loaded is None:
+            return None
+        compilation_counter.num_cache_loads += 1
+        fn = _match_output_structure(gm, loaded)
         self._compiled[key] = fn
         return fn
 

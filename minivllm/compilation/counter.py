@@ -35,6 +35,9 @@ class CompilationCounter:
     """Compiled pieces loaded from the on-disk compile cache."""
     num_cache_saves: int = 0
     """Compiled pieces written to the on-disk compile cache."""
+    num_shape_runs: int = 0
+    """Split graphs run on fake inputs to find each piece's example inputs (a warm start
+    installs the pieces its compile cache recorded instead: ``pieces.json``)."""
     num_aot_loads: int = 0
     """Model forwards loaded from a saved AOT trace (no Dynamo trace that start)."""
     num_aot_saves: int = 0

@@ -35,6 +35,15 @@ def _find_token_dim(example_args: list[Any]) -> tuple[int, int | None]:
     return -1, None
 
 
+def _sorted_ranges(compile_ranges: list[Range]) -> list[Range]:
+    # Smaller ranges first so lookup finds the most specialised one.
+    return sorted(compile_ranges or [Range(1, 1 << 62)], key=lambda r: r.end - r.start)
+
+
+def _label(r: Range) -> str:
+    return f"range_{r.start}_{r.end}"
+
+
 class PiecewiseBackend:
     """Runs one piece, choosing the compiled entry for the batch's token count."""
 
@@ -51,13 +60,51 @@ class PiecewiseBackend:
         self.piece_index = piece_index
         self.compiler = compiler
         self.token_arg, self.token_dim = _find_token_dim(example_args)
-        ranges = compile_ranges or [Range(1, 1 << 62)]
-        # Smaller ranges first so lookup finds the most specialised one.
+        ranges = _sorted_ranges(compile_ranges)
+        self.range_keys = [compiler.key(graph, example_args, _label(r)) for r in ranges]
         self.range_entries: list[tuple[Range, Callable[..., Any]]] = [
-            (r, compiler.compile(graph, example_args, f"range_{r.start}_{r.end}", dynamic=True))
-            for r in sorted(ranges, key=lambda r: r.end - r.start)
+            (r, compiler.compile(graph, example_args, _label(r), dynamic=True)) for r in ranges
         ]
         self.size_entries: dict[int, Callable[..., Any] | None] = dict.fromkeys(compile_sizes)
+
+    def record(self) -> dict[str, Any]:
+        """What `from_record` needs to rebuild this piece without example inputs."""
+        return {
+            "index": self.piece_index,
+            "token": [self.token_arg, self.token_dim],
+            "keys": self.range_keys,
+        }
+
+    @classmethod
+    def from_record(
+        cls,
+        graph: fx.GraphModule,
+        record: dict[str, Any],
+        compiler: PieceCompiler,
+        compile_ranges: list[Range],
+        compile_sizes: list[int],
+    ) -> PiecewiseBackend | None:
+        """The piece whose entries `record` names, every one loaded from the compile
+        cache; None when one is missing (the caller then compiles as usual)."""
+        ranges = _sorted_ranges(compile_ranges)
+        keys = record["keys"]
+        if len(keys) != len(ranges):
+            return None
+        entries = []
+        for r, key in zip(ranges, keys, strict=True):
+            fn = compiler.load(graph, key)
+            if fn is None:
+                return None
+            entries.append((r, fn))
+        piece = cls.__new__(cls)
+        piece.graph = graph
+        piece.piece_index = int(record["index"])
+        piece.compiler = compiler
+        piece.token_arg, piece.token_dim = record["token"]
+        piece.range_keys = list(keys)
+        piece.range_entries = entries
+        piece.size_entries = dict.fromkeys(compile_sizes)
+        return piece
 
     def runtime_size(self, args: tuple[Any, ...]) -> int | None:
         """The token count of this call, or None when the piece has no token dimension."""

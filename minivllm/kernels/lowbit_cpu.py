@@ -6,7 +6,8 @@ layer; the kernels themselves in the two headers) are compiled into one library
 once per machine, torch version and source text with the system C++ compiler
 (the one torch.compile's CPU backend already needs) into
 ``<cache root>/kernels``, then loaded with ``torch.ops.load_library``; later
-processes load the cached library in milliseconds.  No compiler, or a failed
+processes load the cached library in milliseconds.  `start_building` runs the first
+build in the background while the rest of a start-up goes on.  No compiler, or a failed
 build, leaves `available` false: the low-bit layers then use torch's own int4 /
 int8 kernels (slower at one token, same results up to rounding), with one
 warning saying why.  ``MINIVLLM_CPU_KERNELS=0`` turns the kernels off.
@@ -149,6 +150,43 @@ def _register_fakes() -> None:
     torch.library.register_fake("minivllm_cpu::decoder_stack", layer_fake)
 
 
+def start_building() -> None:
+    """Begin building the library in the background if this machine has none yet.
+
+    Called as a start-up begins (before the config, tokenizer and weights are read),
+    so the compiler runs while Python does that work; `available` then waits for the
+    build instead of starting it.  A build error is reported by `available` as usual."""
+    if not envs.cpu_kernels() or "ok" in _state:
+        return
+    with _lock:
+        if "build" in _state or "ok" in _state:
+            return
+        path = _library_path()
+        if path.exists():
+            return
+
+        def build() -> None:
+            try:
+                _build(path)
+            except Exception as exc:  # noqa: BLE001 - re-raised by `available`
+                _state["build_error"] = exc
+
+        thread = threading.Thread(target=build, name="minivllm-kernel-build", daemon=True)
+        _state["build"] = thread
+        thread.start()
+
+
+def _wait_for_build(path: Path) -> None:
+    thread = _state.pop("build", None)
+    if isinstance(thread, threading.Thread):
+        thread.join()
+        error = _state.pop("build_error", None)
+        if error is not None:
+            raise error
+    if not path.exists():
+        _build(path)
+
+
 def available() -> bool:
     """Whether the ``minivllm_cpu`` ops are loaded (building them on first call)."""
     ok = _state.get("ok")  # the per-call check of the low-bit layers: no lock once known
@@ -163,8 +201,7 @@ def available() -> bool:
             return False
         try:
             path = _library_path()
-            if not path.exists():
-                _build(path)
+            _wait_for_build(path)
             torch.ops.load_library(str(path))
             _register_fakes()
             ok = True
@@ -199,4 +236,4 @@ def pack_q4(
     return codes.view(-1), sm.view(-1)
 
 
-__all__ = ["Q4_GROUP", "Q8_GROUP", "ROW_TILE", "available", "isa", "pack_q4"]
+__all__ = ["Q4_GROUP", "Q8_GROUP", "ROW_TILE", "available", "isa", "pack_q4", "start_building"]

@@ -305,3 +305,30 @@ def test_small_steps_run_attention_on_one_thread(monkeypatch, limit):
     for i in range(len(lengths)):
         ref = dense_reference(seqs[0][i], seqs[1][i], seqs[2][i])
         torch.testing.assert_close(outs[i], ref, atol=1e-5, rtol=1e-5)
+
+
+def _rss_anon() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_cpu_cache_is_zero_and_resident_only_where_written():
+    """The CPU cache reads as zeros without having been written: start-up does not
+    touch it, and the resident set grows with the blocks written, not the cache's size."""
+    num_blocks, block_size, heads, head_dim = 2048, 16, 4, 64  # 32 MiB a layer in fp16
+    before = _rss_anon()
+    caches = allocate_kv_caches(4, num_blocks, block_size, heads, head_dim, torch.float16, "cpu")
+    allocated = _rss_anon() - before
+    layer_bytes = caches[0].numel() * caches[0].element_size()
+    assert allocated < layer_bytes // 4, (allocated, layer_bytes)
+    assert all(c.shape == (2, num_blocks, block_size, heads, head_dim) for c in caches)
+    assert caches[0].data_ptr() % 4096 == 0 and caches[0].is_contiguous()
+    # Reads are zeros (the kernel's fresh pages), and the cache is writable in place.
+    assert not caches[2].any()
+    caches[2][1, 7].fill_(3.0)
+    assert caches[2][1, 7].float().sum() == 3.0 * block_size * heads * head_dim
+    assert caches[2].float().sum() == caches[2][1, 7].float().sum()
+    caches[1].copy_(torch.ones_like(caches[1]))
+    assert _rss_anon() - before >= layer_bytes * 3 // 4

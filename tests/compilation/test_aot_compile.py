@@ -14,6 +14,7 @@ import torch
 from compile_helpers import greedy_tokens, make_llm, start
 
 from minivllm.compilation.aot import AOT_FILE, SOURCES_FILE, TENSORS_KEY
+from minivllm.compilation.cache import PIECES_FILE
 
 INDUCTOR = {"mode": "VLLM_COMPILE", "backend": "inductor"}
 
@@ -64,9 +65,50 @@ def test_second_start_loads_the_trace_and_compiles_nothing(
     copy_root(first_start, tmp_path, monkeypatch)
     llm, counts, _ = start(one_layer_llama, compilation_config=INDUCTOR)
     assert counts.get("num_dynamo_traces", 0) == 0 and counts["num_aot_loads"] == 1
-    # The loaded graph splits into the same pieces the first start compiled.
+    # The loaded graph splits into the same pieces the first start compiled, installed
+    # from the entries it recorded (no run on fake inputs).
     assert counts.get("num_backend_compilations", 0) == 0 and counts["num_cache_loads"] == 2
+    assert counts.get("num_shape_runs", 0) == 0
     assert greedy_tokens(llm) == first_start["eager"]
+
+
+@needs_aot_api
+@pytest.mark.parametrize("damage", ["artifact", "record", "unreadable"])
+def test_recorded_pieces_are_used_only_when_all_are_cached(
+    one_layer_llama: Path,
+    first_start: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: Any,
+    damage: str,
+) -> None:
+    """A missing artifact, a record naming an entry that is not there, or an unreadable
+    record: the start runs the graph on fake inputs and compiles what is missing."""
+    assert first_start["counts"]["num_shape_runs"] >= 1
+    cache_dir = copy_root(first_start, tmp_path, monkeypatch)
+    pieces_file = cache_dir / PIECES_FILE
+    recorded = json.loads(pieces_file.read_text())
+    assert len(recorded) == 1
+    (pieces,) = recorded.values()
+    assert len(pieces) == 2 and all(len(p["keys"]) >= 1 for p in pieces.values())
+    if damage == "artifact":
+        index = json.loads((cache_dir / "cache_index.json").read_text())
+        key = next(iter(pieces.values()))["keys"][0]
+        artifact = cache_dir / index[key]
+        shutil.rmtree(artifact) if artifact.is_dir() else artifact.unlink()
+    elif damage == "record":
+        for piece in pieces.values():
+            piece["keys"] = ["0" * 24 for _ in piece["keys"]]
+        pieces_file.write_text(json.dumps(recorded))
+    else:
+        pieces_file.write_text("{not json")
+    llm, counts, _ = start(one_layer_llama, compilation_config=INDUCTOR)
+    assert counts["num_shape_runs"] == 1 and counts.get("num_dynamo_traces", 0) == 0
+    assert counts.get("num_inductor_compilations", 0) == (1 if damage == "artifact" else 0)
+    assert greedy_tokens(llm) == first_start["eager"]
+    del llm
+    # The run wrote a good record again: the next start uses it.
+    _, again, _ = start(one_layer_llama, compilation_config=INDUCTOR)
+    assert again.get("num_shape_runs", 0) == 0 and again["num_cache_loads"] == 2
 
 
 @needs_aot_api

@@ -120,3 +120,43 @@ def test_a_failing_compiler_is_a_clear_error(
     with pytest.raises(RuntimeError, match="(?s)kernels failed.*no room left"):
         lowbit_cpu._build(target)
     assert not target.exists() and list(target.parent.iterdir()) == []  # nothing half-built
+
+
+def test_a_start_up_builds_in_the_background_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`start_building` returns at once with the compiler running on a thread; loading
+    waits for that build (no second one), and a build error reaches the loader."""
+    import threading
+    import time
+
+    target = tmp_path / "lowbit.so"
+    calls: list[str] = []
+    release = threading.Event()
+
+    def slow_build(path: Path) -> None:
+        calls.append(threading.current_thread().name)
+        release.wait(5)
+        path.write_bytes(b"built")
+
+    monkeypatch.setattr(lowbit_cpu, "_state", {})
+    monkeypatch.setattr(lowbit_cpu, "_library_path", lambda: target)
+    monkeypatch.setattr(lowbit_cpu, "_build", slow_build)
+    started = time.perf_counter()
+    lowbit_cpu.start_building()
+    lowbit_cpu.start_building()  # a second call joins the running build
+    assert time.perf_counter() - started < 1.0 and not target.exists()
+    release.set()
+    lowbit_cpu._wait_for_build(target)
+    assert target.read_bytes() == b"built" and calls == ["minivllm-kernel-build"]
+    lowbit_cpu.start_building()  # the library exists: nothing to do
+    assert "build" not in lowbit_cpu._state and len(calls) == 1
+
+    def failing_build(path: Path) -> None:
+        raise RuntimeError("compiling minivllm's CPU kernels failed: no room left")
+
+    target.unlink()
+    monkeypatch.setattr(lowbit_cpu, "_build", failing_build)
+    lowbit_cpu.start_building()
+    with pytest.raises(RuntimeError, match="no room left"):
+        lowbit_cpu._wait_for_build(target)

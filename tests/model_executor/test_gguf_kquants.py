@@ -198,3 +198,32 @@ def test_int8_head_kernels_agree_on_refined_top_logits(weights: list[GGUFWeight]
     top = exact.topk(4, dim=-1).indices
     torch.testing.assert_close(many.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(few.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q5_0, QT.Q4_0])  # 37 rows: no int4 tiles
+def test_int8_conversion_in_chunks_equals_the_whole_weight_at_once(
+    qtype: QT, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int8 form is converted a few rows at a time (chunks that do not divide the
+    parts' rows, across two stacked parts and a float part): the codes and scales
+    are those of the whole stacked weight dequantized at once, and a float input is
+    left as it was."""
+    cols = 256
+    gen = torch.Generator().manual_seed(5)
+    dense = [torch.randn(rows, cols, generator=gen) for rows in (37, 21)]
+    parts: list[Any] = [
+        GGUFWeight(torch.from_numpy(quants.quantize(d.numpy(), qtype)), qtype, (d.shape[0], cols))
+        for d in dense
+    ]
+    float_part = torch.randn(9, cols, generator=gen)
+    parts.append(float_part)
+    kept = float_part.clone()
+    monkeypatch.setattr(ql, "INT8_CHUNK_ELEMENTS", 5 * cols)
+    kind, codes, scales = ql.quantize_parts(parts)
+    whole = torch.cat([p.dequantize() for p in parts[:2]] + [kept])
+    expected_scale = (whole.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(scales.dtype)
+    expected = torch.round(whole / expected_scale.float()[:, None]).clamp(-127, 127)
+    assert kind == ql.INT8 and codes.dtype == torch.int8 and codes.shape == (67, cols)
+    assert torch.equal(scales, expected_scale)
+    assert torch.equal(codes, expected.to(torch.int8))
+    assert torch.equal(float_part, kept)

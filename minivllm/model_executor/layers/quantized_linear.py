@@ -113,12 +113,39 @@ def quantize_parts(
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
         return INT4, packed, scale_zero.to(dtype)
-    w = torch.cat([p.dequantize() if isinstance(p, GGUFWeight) else p.float() for p in parts])
-    # Codes for the scale as stored (rounded to ``dtype``), so code * scale is the
-    # nearest value the kernel can compute, not off by the scale's rounding.
-    scale = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(dtype)
-    w8 = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
-    return INT8, w8, scale
+    return INT8, *_int8_rows(parts, dtype)
+
+
+INT8_CHUNK_ELEMENTS = 1 << 21
+"""Float32 elements dequantized at a time when converting to int8 (8 MiB: the
+temporaries stay in cache, and no weight-sized float copy is ever made; Gemma 3's
+262k x 640 table converts in 0.6 s instead of 2.3-5.4 s)."""
+
+
+def _int8_rows(
+    parts: list[GGUFWeight | torch.Tensor], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Int8 codes and one ``dtype`` scale per row, converted a few rows at a time."""
+    cols = parts[0].shape[1]
+    total = sum(p.shape[0] for p in parts)
+    w8 = torch.empty(total, cols, dtype=torch.int8)
+    scale = torch.empty(total, dtype=dtype)
+    step = max(1, INT8_CHUNK_ELEMENTS // cols)
+    at = 0
+    for part in parts:
+        for start in range(0, part.shape[0], step):
+            n = min(step, part.shape[0] - start)
+            if isinstance(part, GGUFWeight):
+                w = part.narrow_rows(start, n).dequantize()
+            else:
+                w = part[start : start + n].to(torch.float32, copy=True)  # divided in place
+            # Codes for the scale as stored (rounded to ``dtype``), so code * scale is
+            # the nearest value the kernel can compute, not off by the scale's rounding.
+            s = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(dtype)
+            scale[at : at + n] = s
+            w8[at : at + n] = w.div_(s.float()[:, None]).round_().clamp_(-127, 127)
+            at += n
+    return w8, scale
 
 
 def dequantize_weight(

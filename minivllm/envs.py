@@ -72,6 +72,22 @@ def cpu_threads() -> int | None:
     return value
 
 
+def cpu_block_cache_bytes() -> int:
+    """``MINIVLLM_CPU_BLOCK_CACHE_MIB`` (default 1024): the most MiB of freed CPU blocks
+    of 16 MiB and up that a CPU worker keeps for reuse (`lowbit_cpu.install_block_cache`);
+    0 leaves torch's allocator as it is."""
+    raw = os.environ.get("MINIVLLM_CPU_BLOCK_CACHE_MIB", "1024")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            f"MINIVLLM_CPU_BLOCK_CACHE_MIB must be a whole number of MiB >= 0, got {raw!r}"
+        )
+    return value << 20
+
+
 def cpu_kernels() -> bool:
     """``MINIVLLM_CPU_KERNELS`` (default on): 0 never builds or loads minivllm's C++ CPU
     ops, so the low-bit layers fall back to torch."""

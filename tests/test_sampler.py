@@ -18,6 +18,7 @@ from minivllm.sample.sampler import (
     apply_min_p,
     apply_penalties,
     apply_top_k_top_p,
+    random_sample,
 )
 from minivllm.sampling_params import SamplingParams
 
@@ -332,3 +333,49 @@ def test_masking_every_allowed_token_is_invalid_not_the_last_token() -> None:
     logits[0, :4] = float("-inf")
     out, _ = _run([SamplingParams(temperature=1.0, allowed_token_ids=[0, 1, 2, 3])], logits)
     assert out.sampled_token_ids.tolist() == [NO_ALLOWED_TOKEN_ID]
+
+
+def _reference_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The plain inverse CDF: a float64 cumsum of every row, first token past u * total."""
+    cdf = probs.double().cumsum(dim=-1)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).view(-1)
+
+
+@pytest.mark.parametrize("vocab", [5000, 262144])
+def test_two_level_cdf_draws_what_the_full_cdf_draws(
+    vocab: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large vocabularies (several CDF blocks, a short last one at 5000): the token of
+    each row's uniform number is the one a float64 CDF of the whole row gives, for
+    peaked, flat and sparse rows and uniforms at both ends; zeros are never drawn."""
+    from minivllm.sample import sampler as sampler_module
+
+    gen = torch.Generator().manual_seed(3)
+    rows = 24
+    logits = torch.randn(rows, vocab, generator=gen) * torch.linspace(0.5, 12.0, rows)[:, None]
+    probs = logits.softmax(dim=-1)
+    probs[::3, vocab // 2 :] = 0.0  # sparse rows: a zero tail, even whole zero blocks
+    probs[1::4, ::7] = 0.0
+    u = torch.rand(rows, 1, dtype=torch.float64, generator=gen)
+    u[0], u[1], u[2], u[3] = 0.0, 1e-12, 1 - 2**-53, 1 - 1e-9
+    queue = list(u.view(-1))
+    monkeypatch.setattr(sampler_module, "draw_uniform", lambda g, d: queue.pop(0))
+    picked = sampler_module.random_sample(probs, {row: None for row in range(rows)})
+    assert torch.equal(picked, _reference_draw(probs, u))
+    assert bool((probs.gather(1, picked[:, None]) > 0).all())
+
+
+def test_two_level_cdf_follows_a_spread_distribution() -> None:
+    """A distribution spread over many blocks is sampled in proportion (chi-square-like
+    check on block masses), and a NaN row is marked invalid."""
+    torch.manual_seed(0)
+    vocab, n = 8192, 20000
+    weights = torch.arange(1, 9, dtype=torch.float32).repeat_interleave(vocab // 8)
+    probs = (weights / weights.sum()).expand(n, vocab).contiguous()
+    picked = random_sample(probs, {})
+    freq = torch.bincount(picked // (vocab // 8), minlength=8).float() / n
+    expected = torch.arange(1, 9, dtype=torch.float32) / 36
+    assert torch.allclose(freq, expected, atol=0.012)
+    nan_row = probs[:2].clone()
+    nan_row[1, 5] = float("nan")
+    assert random_sample(nan_row, {}).tolist()[1] == INVALID_TOKEN_ID

@@ -74,6 +74,51 @@ at::Tensor q4_dequantize(const at::Tensor& qweight, const at::Tensor& scales, in
   return out.to(dtype);
 }
 
+// The float result of an int8 x int8 product computed for two activation terms:
+// out[r, n] = (acc[r, n] * hi[r] + acc[rows + r, n] * lo[r]) * scale[n], where acc is
+// the int32 [2 * rows, N] product.  One pass over acc, rounding each step to float as
+// the separate torch ops would (no FMA contraction under -std=c++17), instead of a
+// float copy of acc and four passes.
+// One row's columns [0, n) of `int8_mm_scale`, compiled for AVX-512, AVX2 and plain
+// x86-64 (the loader picks the best this CPU runs: 8-16 lanes instead of 4), without
+// fused multiply-adds, so each step rounds as the separate torch ops do.
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off"))) void scale_row(
+    const int32_t* x, const int32_t* y, float hr, float lr, const float* sp, int64_t n,
+    float* o) {
+  for (int64_t c = 0; c < n; ++c) {
+    const float first = static_cast<float>(x[c]) * hr;
+    const float second = static_cast<float>(y[c]) * lr;
+    const float sum = first + second;
+    o[c] = sum * sp[c];
+  }
+}
+
+at::Tensor int8_mm_scale(const at::Tensor& acc, const at::Tensor& hi, const at::Tensor& lo,
+                         const at::Tensor& scale) {
+  TORCH_CHECK(acc.scalar_type() == at::kInt && acc.dim() == 2 && acc.size(0) % 2 == 0,
+              "int8_mm_scale: acc must be int32 [2 * rows, N]");
+  const at::Tensor a = acc.contiguous();
+  const int64_t rows = a.size(0) / 2, N = a.size(1);
+  const at::Tensor h = hi.to(at::kFloat).contiguous(), l = lo.to(at::kFloat).contiguous();
+  const at::Tensor s = scale.to(at::kFloat).contiguous();
+  TORCH_CHECK(h.numel() == rows && l.numel() == rows && s.numel() == N,
+              "int8_mm_scale: one hi and lo scale per row, one scale per column");
+  at::Tensor out = at::empty({rows, N}, a.options().dtype(at::kFloat));
+  const int32_t* ap = a.data_ptr<int32_t>();
+  const float *hp = h.data_ptr<float>(), *lp = l.data_ptr<float>(), *sp = s.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (N + kBlock - 1) / kBlock;
+  at::parallel_for(0, rows * blocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / blocks, c0 = (t % blocks) * kBlock, c1 = std::min(N, c0 + kBlock);
+      scale_row(ap + r * N + c0, ap + (rows + r) * N + c0, hp[r], lp[r], sp + c0, c1 - c0,
+                op + r * N + c0);
+    }
+  });
+  return out;
+}
+
 int64_t g_isa = kBestIsa;
 
 // The code path in use: `force` < 0 keeps it, otherwise sets it (capped at the
@@ -91,6 +136,7 @@ TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("q4_gemm(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
   m.def("q8_gemm(Tensor x, Tensor qweight, Tensor row_scale) -> Tensor");
   m.def("q4_dequantize(Tensor qweight, Tensor scales, int inputs, ScalarType dtype) -> Tensor");
+  m.def("int8_mm_scale(Tensor acc, Tensor hi, Tensor lo, Tensor scale) -> Tensor");
   m.def("lowbit_isa(int force) -> int", lowbit_isa);
 }
 
@@ -98,4 +144,5 @@ TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {
   m.impl("q4_gemm", q4_gemm);
   m.impl("q8_gemm", q8_gemm);
   m.impl("q4_dequantize", q4_dequantize);
+  m.impl("int8_mm_scale", int8_mm_scale);
 }

@@ -2,7 +2,7 @@
 
 The sources (``lowbit_cpu.cpp``: low-bit GEMMs; ``decode_attention_cpu.cpp``: the
 decode graph's paged attention; ``decode_layer_cpu.cpp``: its fused decoder
-layer; the kernels themselves in the two headers) are compiled into one library
+layer; ``block_cache_cpu.cpp``: the CPU block cache; the kernels themselves in the two headers) are compiled into one library
 once per machine, torch version and source text with the system C++ compiler
 (the one torch.compile's CPU backend already needs) into
 ``<cache root>/kernels``, then loaded with ``torch.ops.load_library``; later
@@ -19,6 +19,8 @@ Ops (all CPU, float32 out):
 - ``q8_gemm(x, qweight, row_scale)``: the same for row-major int8 weights with one
   scale per output row;
 - ``q4_dequantize(qweight, scales, K, dtype)``: the dense weight of a tiled one;
+- ``int8_mm_scale(acc, hi, lo, scale)``: the float32 rows of an int8 x int8 product
+  made for two activation terms (`quantized_linear.int8_act_mm`), in one pass;
 - ``lowbit_isa(force)``: the code path in use (0 portable C++, 1 AVX2,
   2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests);
 - ``decode_attention(query, key, value, cache, block_table, seq_lens, slots,
@@ -54,7 +56,12 @@ logger = init_logger(__name__)
 
 SOURCES = tuple(
     Path(__file__).with_name(n)
-    for n in ("lowbit_cpu.cpp", "decode_attention_cpu.cpp", "decode_layer_cpu.cpp")
+    for n in (
+        "lowbit_cpu.cpp",
+        "decode_attention_cpu.cpp",
+        "decode_layer_cpu.cpp",
+        "block_cache_cpu.cpp",
+    )
 )
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("lowbit_kernels.h", "attention_kernels.h"))
 ROW_TILE = 16
@@ -138,6 +145,11 @@ def _register_fakes() -> None:
     def q8_fake(x: torch.Tensor, qweight: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], qweight.shape[0], dtype=torch.float32)
 
+    def scale_fake(
+        acc: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor
+    ) -> torch.Tensor:
+        return acc.new_empty(acc.shape[0] // 2, acc.shape[1], dtype=torch.float32)
+
     def attention_fake(query: torch.Tensor, *args: object) -> torch.Tensor:
         return torch.empty_like(query)
 
@@ -146,6 +158,7 @@ def _register_fakes() -> None:
 
     torch.library.register_fake("minivllm_cpu::q4_gemm", q4_fake)
     torch.library.register_fake("minivllm_cpu::q8_gemm", q8_fake)
+    torch.library.register_fake("minivllm_cpu::int8_mm_scale", scale_fake)
     torch.library.register_fake("minivllm_cpu::decode_attention", attention_fake)
     torch.library.register_fake("minivllm_cpu::decoder_layer", layer_fake)
     torch.library.register_fake("minivllm_cpu::decoder_stack", layer_fake)
@@ -216,6 +229,23 @@ def available() -> bool:
         return ok
 
 
+def install_block_cache(limit_bytes: int) -> bool:
+    """Make CPU tensors of 16 MiB and up reuse freed blocks of their size, keeping at
+    most ``limit_bytes`` cached (``block_cache_cpu.cpp``: glibc maps and unmaps every
+    block over 32 MiB, so a large vocabulary's per-step logits faulted their pages in
+    anew at every step).  False when the kernels are unavailable or ``limit_bytes``
+    is 0."""
+    if limit_bytes <= 0 or not available():
+        return False
+    return bool(torch.ops.minivllm_cpu.install_block_cache(limit_bytes))
+
+
+def block_cache_stats() -> dict[str, int]:
+    """The block cache's cached bytes, blocks reused, blocks made and blocks in use."""
+    cached, hits, misses, live = torch.ops.minivllm_cpu.block_cache_stats()
+    return {"cached_bytes": cached, "reused": hits, "made": misses, "in_use": live}
+
+
 def isa(force: int = -1) -> int:
     """The kernels' code path (see the module docstring); ``force`` sets a lower one."""
     return int(torch.ops.minivllm_cpu.lowbit_isa(force))
@@ -237,4 +267,14 @@ def pack_q4(
     return codes.view(-1), sm.view(-1)
 
 
-__all__ = ["Q4_GROUP", "Q8_GROUP", "ROW_TILE", "available", "isa", "pack_q4", "start_building"]
+__all__ = [
+    "Q4_GROUP",
+    "Q8_GROUP",
+    "ROW_TILE",
+    "available",
+    "block_cache_stats",
+    "install_block_cache",
+    "isa",
+    "pack_q4",
+    "start_building",
+]

@@ -143,6 +143,10 @@ def draw_uniform(generator: torch.Generator | None, device: torch.device | str) 
     return torch.rand(1, dtype=torch.float64, device=device, generator=generator)
 
 
+CDF_CHUNK = 1024
+"""Tokens per block of the two-level CDF `random_sample` inverts."""
+
+
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """One token per row, drawn from ``probs`` by inverting its CDF: the first token
     whose cumulative probability exceeds ``u * total``, u ~ U[0, 1).
@@ -150,18 +154,40 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     One random number per row: torch's CPU generator makes ~3-7 ns a number, so an
     exponential race over a 49k vocabulary (one number per token) cost ~1.1 ms a
     row, more than the rest of a batch-1 decode step's sampling and a tenth of its
-    forward.  The CDF is summed in float64, so tokens of small probability keep
-    their share; a token of probability 0 is never drawn.
+    forward.  The CDF has two levels, so no float64 copy of the row is made: each
+    block of `CDF_CHUNK` tokens is summed (float32, vectorised), the block sums are
+    accumulated in float64 to pick the block, and only that block's own CDF is
+    summed in float64 to pick the token (a full float64 cumsum took 54 ms for 32
+    rows of Gemma 3's 262k vocabulary on 2 cores; this takes ~2 ms).  Tokens of small
+    probability keep their share within their block, and a token of probability 0
+    is never drawn.
     """
-    rows = probs.shape[0]
+    rows, vocab = probs.shape
     u = torch.empty(rows, 1, dtype=torch.float64, device=probs.device)
     if len(generators) != rows:
         u.uniform_()
     for row, generator in generators.items():
         u[row] = draw_uniform(generator, probs.device)
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
-    total = cdf[:, -1:]
-    picked = torch.searchsorted(cdf, u * total, right=True).clamp_(max=probs.shape[-1] - 1)
+    chunk = min(CDF_CHUNK, vocab)
+    whole = vocab // chunk * chunk
+    sums = probs[:, :whole].reshape(rows, -1, chunk).sum(dim=-1)
+    if whole < vocab:
+        sums = torch.cat([sums, probs[:, whole:].sum(dim=-1, keepdim=True)], dim=1)
+    cumulative = sums.double().cumsum(dim=-1)
+    total = cumulative[:, -1:]
+    target = u * total
+    block = torch.searchsorted(cumulative, target, right=True).clamp_(max=sums.shape[1] - 1)
+    before = cumulative.gather(1, (block - 1).clamp(min=0)).masked_fill_(block == 0, 0.0)
+    columns = block * chunk + torch.arange(chunk, device=probs.device)
+    inside = columns < vocab
+    part = probs.gather(1, columns.clamp(max=vocab - 1)).masked_fill_(~inside, 0.0)
+    cdf = before + part.double().cumsum(dim=-1)
+    offset = torch.searchsorted(cdf, target, right=True)
+    # Past the block's end (its float32 sum rounded above its float64 CDF): its last
+    # token of positive probability.
+    positive = torch.where(part > 0, torch.arange(chunk, device=probs.device), -1)
+    offset = torch.where(offset >= chunk, positive.amax(dim=-1, keepdim=True), offset)
+    picked = (block * chunk + offset.clamp_(min=0)).clamp_(max=vocab - 1)
     # A NaN row (or one with no finite logit left) has no distribution to draw from.
     valid = torch.isfinite(total) & (total > 0)
     return picked.masked_fill_(~valid, INVALID_TOKEN_ID).view(rows)

@@ -28,6 +28,7 @@ from minivllm.distributed.parallel_state import (
     initialize_model_parallel,
     local_device,
 )
+from minivllm.kernels import lowbit_cpu
 from minivllm.kv_cache.groups import max_blocks_per_request
 from minivllm.logger import init_logger
 from minivllm.math_utils import cdiv
@@ -121,7 +122,15 @@ class Worker:
         if self.device.type == "cpu":
             threads = configure_cpu_threads(cpu_threads or cpu_threads_per_rank(1))
             malloc = "fixed" if configure_cpu_malloc() else "left as they are"
-            logger.info("CPU worker: %d torch threads; malloc thresholds %s", threads, malloc)
+            cached = lowbit_cpu.install_block_cache(envs.cpu_block_cache_bytes())
+            logger.info(
+                "CPU worker: %d torch threads; malloc thresholds %s; large blocks %s",
+                threads,
+                malloc,
+                f"reused (up to {envs.cpu_block_cache_bytes() >> 20} MiB)"
+                if cached
+                else "not cached",
+            )
         seed = vllm_config.model_config.seed
         if seed is not None:
             # Unseeded random sampling draws from the global generator: seeding it

@@ -160,3 +160,61 @@ def test_a_start_up_builds_in_the_background_once(
     lowbit_cpu.start_building()
     with pytest.raises(RuntimeError, match="no room left"):
         lowbit_cpu._wait_for_build(target)
+
+
+@pytest.mark.parametrize("rows, cols", [(3, 5000), (32, 8192)])
+def test_int8_mm_scale_rounds_as_the_torch_ops(rows: int, cols: int) -> None:
+    """The one-pass epilogue of the two-term int8 product gives the float32 values of
+    the separate torch ops, bit for bit (no fused multiply-add on any ISA path)."""
+    gen = torch.Generator().manual_seed(11)
+    acc = torch.randint(-(2**24), 2**24, (2 * rows, cols), dtype=torch.int32, generator=gen)
+    hi = torch.rand(rows, 1, generator=gen) * 1e-3
+    lo = torch.rand(rows, 1, generator=gen) * 1e-6
+    scale = torch.rand(cols, generator=gen).to(torch.bfloat16)
+    both = acc.float()
+    expected = both[:rows].mul_(hi).add_(both[rows:].mul_(lo)).mul_(scale.float())
+    got = torch.ops.minivllm_cpu.int8_mm_scale(acc, hi, lo, scale)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+
+
+def test_int8_act_mm_uses_the_epilogue_and_matches_float() -> None:
+    from minivllm.model_executor.layers.quantized_linear import int8_act_mm
+
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(20, 256, generator=gen)
+    w8 = torch.randint(-127, 128, (3000, 256), dtype=torch.int8, generator=gen)
+    scales = (torch.rand(3000, generator=gen) / 100).to(torch.bfloat16)
+    reference = x @ (w8.float() * scales.float()[:, None]).t()
+    got = int8_act_mm(x, w8, scales)
+    torch.testing.assert_close(got, reference, rtol=2e-4, atol=2e-3)
+
+
+def test_block_cache_reuses_large_blocks_within_its_limit() -> None:
+    """Once installed (as every CPU worker does), a freed block of 16 MiB or more is
+    handed to the next tensor of its size instead of a fresh mapping; blocks past the
+    limit go back to the system; small tensors and tensor contents are unaffected."""
+    from minivllm import envs
+
+    mib = 1 << 20
+    assert lowbit_cpu.install_block_cache(64 * mib)  # also trims what earlier tests left
+    try:
+        first = torch.full((20 * mib // 4,), 7.0)
+        address = first.data_ptr()
+        before = lowbit_cpu.block_cache_stats()
+        del first
+        second = torch.empty(20 * mib // 4)
+        after = lowbit_cpu.block_cache_stats()
+        assert second.data_ptr() == address and after["reused"] == before["reused"] + 1
+        second.fill_(3.0)
+        assert float(second.sum()) == 3.0 * second.numel()
+        del second
+        # Five 22 MiB blocks (24 MiB rounded) freed together: the 64 MiB limit keeps two.
+        blocks = [torch.ones(22 * mib, dtype=torch.uint8) for _ in range(5)]
+        del blocks
+        assert lowbit_cpu.block_cache_stats()["cached_bytes"] <= 64 * mib
+        lowbit_cpu.install_block_cache(30 * mib)  # a lower limit gives back what is over
+        assert lowbit_cpu.block_cache_stats()["cached_bytes"] <= 30 * mib
+        small = torch.arange(1000)
+        assert int(small.sum()) == 999 * 1000 // 2
+    finally:
+        lowbit_cpu.install_block_cache(envs.cpu_block_cache_bytes())

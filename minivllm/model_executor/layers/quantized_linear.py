@@ -189,7 +189,12 @@ def int8_act_mm(flat: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor)
     lo_scale = rest.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / 127.0
     lo = torch.round(rest / lo_scale)
     xq = torch.cat([hi, lo]).to(torch.int8)
-    both = torch._int_mm(xq, qweight.t()).float()
+    acc = torch._int_mm(xq, qweight.t())
+    if native_kernels():
+        # One pass instead of a float copy and four: at 32 rows of Gemma 3's 262k
+        # vocabulary 3.4 ms instead of 27 ms (2-core EPYC), with the same roundings.
+        return torch.ops.minivllm_cpu.int8_mm_scale(acc, hi_scale, lo_scale, scales)
+    both = acc.float()
     out = both[:rows].mul_(hi_scale).add_(both[rows:].mul_(lo_scale))
     return out.mul_(scales.float())
 

@@ -171,6 +171,14 @@ class CpuDecodeGraph:
             torch._dynamo.mark_dynamic(t, 0)
         for t in tables:
             torch._dynamo.mark_dynamic(t, 1)
+        # The caches' block count is left symbolic too: it is not part of the config
+        # hash, so a later start that sizes its KV cache otherwise (another
+        # --kv-cache-memory-bytes, less free memory) loads the same saved trace and
+        # pieces; with the count baked in they failed at the first call.
+        caches = {id(layer.kv_cache): layer.kv_cache for layer in self.attn_layers.values()}
+        for cache in caches.values():
+            if cache is not None and cache.dim() > 1:
+                torch._dynamo.mark_dynamic(cache, 1)
         step = DecodeStep(lens, tables, slots)
         with set_forward_context(None, self.attn_layers, decode_step=step) as ctx:
             # Traced once (or its saved trace loaded) and run on the null block.

@@ -26,11 +26,11 @@ def greedy(llm: Any) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def graph_start(model: Path) -> tuple[Any, dict[str, int], list[list[int]]]:
+def graph_start(model: Path, **kwargs: Any) -> tuple[Any, dict[str, int], list[list[int]]]:
     """An -O2 start with the decode graph on; its counter delta and greedy tokens,
     decode steps checked to have run in the graph."""
     llm, counts, _ = start(
-        model, decode_graph=True, optimization_level=2, block_size=8, max_model_len=128
+        model, decode_graph=True, optimization_level=2, block_size=8, max_model_len=128, **kwargs
     )
     graph = decode_graph(llm)
     assert graph is not None and graph.ready
@@ -76,3 +76,13 @@ def test_second_start_loads_the_decode_graph_trace(
     assert warm_counts.get("num_dynamo_traces", 0) == 0
     assert warm_counts["num_aot_loads"] == 2 and warm_counts.get("num_aot_saves", 0) == 0
     assert warm_tokens == cold_tokens == eager
+    del _
+
+    # Another KV cache size (not in the config hash): the same saved trace and pieces
+    # serve it (the caches' block count is symbolic in the graph).
+    resized, resized_counts, resized_tokens = graph_start(model, num_gpu_blocks_override=40)
+    runner = resized.llm_engine.executor.worker.model_runner
+    assert runner.kv_caches[0].shape[1] == 40
+    assert resized_counts.get("num_dynamo_traces", 0) == 0
+    assert resized_counts.get("num_backend_compilations", 0) == 0
+    assert resized_tokens == eager

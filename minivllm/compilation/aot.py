@@ -194,12 +194,17 @@ class AotForward:
         model: torch.nn.Module,
         f_globals: dict[str, Any],
         backend: Callable[..., Any],
+        extra_modules: frozenset[str] = frozenset(),
     ) -> None:
         self.path = directory / AOT_FILE
         self.sources_path = directory / SOURCES_FILE
         self.model = model
         self.f_globals = f_globals
         self.backend = backend
+        self.extra_modules = extra_modules
+        """Modules that shape the trace without being traced (the caller that marks the
+        example inputs' dynamic dimensions): a trace saved without them, or with
+        other sources of them, is traced again."""
 
     def load(self) -> Any | None:
         """The saved forward, or None (none saved, sources changed, or unreadable)."""
@@ -210,7 +215,9 @@ class AotForward:
         except (OSError, ValueError) as exc:
             logger.warning("unreadable %s (%s); tracing the model again", self.sources_path, exc)
             return None
-        if self._signature(set(saved) - {TENSORS_KEY}) != saved:
+        if not self.extra_modules <= set(saved) or (
+            self._signature(set(saved) - {TENSORS_KEY}) != saved
+        ):
             logger.info(
                 "model source or weights changed since %s was saved; tracing again", self.path
             )
@@ -235,6 +242,7 @@ class AotForward:
         """Write ``fn`` and the hashes of the sources it was traced from."""
         modules = {src.module for src in fn.source_info().inlined_sources}
         modules.add(type(self.model).__module__)
+        modules |= self.extra_modules
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.sources_path.with_suffix(f".tmp{os.getpid()}")

@@ -49,7 +49,10 @@ def _compile(forward: Callable[..., Any], backend: Callable[..., Any]) -> Any:
 
 
 def trace_once(
-    module: nn.Module, backend: VllmBackend, example_args: tuple[Any, ...]
+    module: nn.Module,
+    backend: VllmBackend,
+    example_args: tuple[Any, ...],
+    extra_modules: frozenset[str] = frozenset(),
 ) -> Callable[..., Any]:
     """``module``'s forward compiled by ``backend`` from one trace on ``example_args``
     (their dynamic dimensions marked), run without guards; returns ``fn(*args)``.
@@ -58,12 +61,14 @@ def trace_once(
     ``MINIVLLM_USE_AOT_COMPILE``), the trace saved there by an earlier start with the
     same config, sources and weight shapes is loaded instead of tracing, and a fresh
     trace is saved.  A trace that Dynamo cannot save is only compiled.
+    ``extra_modules`` name modules that decide the trace without being traced (the
+    caller marking the dynamic dimensions): their sources are part of the check.
     """
     forward = private_forward(module)
     directory = backend.aot_directory() if envs.use_aot_compile() else None
     aot = None
     if directory is not None:
-        aot = AotForward(directory, module, forward.__func__.__globals__, backend)
+        aot = AotForward(directory, module, forward.__func__.__globals__, backend, extra_modules)
     compiled = _compile(forward, backend if aot is None else CanonicalBackend(backend))
     if aot is None or not hasattr(compiled, "aot_compile"):
         compiled(*example_args)

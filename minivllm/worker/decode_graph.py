@@ -182,7 +182,11 @@ class CpuDecodeGraph:
         step = DecodeStep(lens, tables, slots)
         with set_forward_context(None, self.attn_layers, decode_step=step) as ctx:
             # Traced once (or its saved trace loaded) and run on the null block.
-            self._fn = trace_once(view, self.backend, (ids, pos, ctx))
+            # This file marks the dynamic dimensions: its source is part of the
+            # saved trace's check.
+            self._fn = trace_once(
+                view, self.backend, (ids, pos, ctx), extra_modules=frozenset({__name__})
+            )
         self.ready = True
         return time.perf_counter() - start
 

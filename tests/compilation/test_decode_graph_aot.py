@@ -4,6 +4,7 @@ tokens as the first start and as the eager engine (-O0)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from compile_helpers import make_llm, start
 
 from minivllm import SamplingParams, envs
-from minivllm.compilation.aot import AOT_FILE
+from minivllm.compilation.aot import AOT_FILE, SOURCES_FILE
 
 PROMPTS = [[1, 5, 9, 17, 33, 2, 7], [3], [100, 90, 80, 70, 60, 50, 40, 30, 20, 10, 11]]
 
@@ -86,3 +87,16 @@ def test_second_start_loads_the_decode_graph_trace(
     assert resized_counts.get("num_dynamo_traces", 0) == 0
     assert resized_counts.get("num_backend_compilations", 0) == 0
     assert resized_tokens == eager
+    del resized, runner
+
+    # A trace saved before this file decided its dynamic dimensions (its sources file
+    # does not name it) is traced again, not trusted.
+    sources_file = graph_dir / SOURCES_FILE
+    sources = json.loads(sources_file.read_text())
+    assert "minivllm.worker.decode_graph" in sources
+    del sources["minivllm.worker.decode_graph"]
+    sources_file.write_text(json.dumps(sources))
+    _, again_counts, again_tokens = graph_start(model)
+    assert again_counts["num_dynamo_traces"] == 1 and again_counts["num_aot_saves"] == 1
+    assert "minivllm.worker.decode_graph" in json.loads(sources_file.read_text())
+    assert again_tokens == eager

@@ -34,9 +34,12 @@ def test_wait_policy_default_and_user_values(user: dict[str, str], expected: str
 
 FAULTS = """
 import resource, sys, torch
+from minivllm.kernels import lowbit_cpu
 from minivllm.worker.worker import configure_cpu_malloc
 print(configure_cpu_malloc())
-logits = torch.randn(32, 49152)  # a batch-32 decode step's logits: 6 MiB
+if sys.argv[2] == "cache":
+    assert lowbit_cpu.install_block_cache(256 << 20)
+logits = torch.randn(32, int(sys.argv[1]))  # a batch-32 decode step's logits
 def step():
     logits.to(torch.float32, copy=True).add_(1)  # what the sampler does each step
 step()
@@ -49,55 +52,34 @@ print(sorted(faults)[10])  # the median step: a one-off heap move may fault once
 """
 
 
+def step_faults(vocab: int, mode: str = "plain") -> tuple[str, float]:
+    """Whether the malloc thresholds were fixed, and the median page faults of a step
+    whose logits have ``vocab`` columns (``mode`` "cache": with the block cache)."""
+    out = subprocess.run(
+        [sys.executable, "-c", FAULTS, str(vocab), mode], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return out[0], float(out[1])
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc malloc tuning is Linux-only")
 def test_fixed_malloc_thresholds_stop_per_step_page_faults() -> None:
     """A 6 MiB tensor allocated and freed every step reuses heap memory instead of
     mapping fresh pages (with glibc's defaults every step faults all its 1,536 pages in)."""
-    out = subprocess.run(
-        [sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert out[0] == "True"
-    assert float(out[1]) < 10
-
-
-LARGE_FAULTS = """
-import resource, sys, torch
-from minivllm.kernels import lowbit_cpu
-from minivllm.worker.worker import configure_cpu_malloc
-configure_cpu_malloc()
-if sys.argv[1] == "cache":
-    assert lowbit_cpu.install_block_cache(256 << 20)
-logits = torch.randn(32, 262144)  # Gemma 3's vocabulary: 32 MiB, past glibc's mmap cap
-def step():
-    logits.to(torch.float32, copy=True).add_(1)
-step()
-faults = []
-for _ in range(11):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    step()
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(sorted(faults)[5])
-"""
+    fixed, faults = step_faults(49152)
+    assert fixed == "True" and faults < 10
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc malloc tuning is Linux-only")
 def test_block_cache_stops_page_faults_past_the_mmap_threshold() -> None:
-    """glibc maps every block over 32 MiB afresh, whatever its thresholds: 32 rows of a
-    262k-token vocabulary fault thousands of pages in at every step.  The workers'
-    block cache hands the freed block back instead."""
+    """glibc maps every block over 32 MiB afresh, whatever its thresholds: 32 rows of
+    Gemma 3's 262k-token vocabulary fault thousands of pages in at every step.  The
+    workers' block cache hands the freed block back instead."""
     from minivllm.kernels import lowbit_cpu
 
     if not lowbit_cpu.available():
         pytest.skip("no C++ compiler here")
-
-    def median_faults(mode: str) -> float:
-        out = subprocess.run(
-            [sys.executable, "-c", LARGE_FAULTS, mode], capture_output=True, text=True, check=True
-        )
-        return float(out.stdout.split()[-1])
-
-    assert median_faults("plain") > 1000
-    assert median_faults("cache") < 10
+    assert step_faults(262144)[1] > 1000
+    assert step_faults(262144, "cache")[1] < 10
 
 
 def test_block_cache_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,11 +82,36 @@ def test_block_cache_stops_page_faults_past_the_mmap_threshold() -> None:
     assert step_faults(262144, "cache")[1] < 10
 
 
+WORKER_CACHE = """
+from minivllm import LLM, SamplingParams
+from minivllm.kernels import lowbit_cpu
+llm = LLM(enforce_eager=True, max_model_len=256)
+ready = lowbit_cpu.block_cache_stats()
+llm.generate(["Hello"] * 4, SamplingParams(max_tokens=4), use_tqdm=False)
+print(ready["limit_bytes"], ready["cached_bytes"])
+"""
+
+
+def test_a_cpu_worker_installs_the_block_cache_once_ready() -> None:
+    """The worker installs the cache after loading (the start-up's freed conversion
+    buffers go back to the system, none is held), with the limit of its environment."""
+    from minivllm.kernels import lowbit_cpu
+
+    if not lowbit_cpu.available():
+        pytest.skip("no C++ compiler here")
+    env = {**os.environ, "MINIVLLM_CPU_BLOCK_CACHE_MIB": "96"}
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER_CACHE], env=env, capture_output=True, text=True, check=True
+    )
+    limit, cached = map(int, out.stdout.split()[-2:])
+    assert limit == 96 << 20 and cached == 0
+
+
 def test_block_cache_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from minivllm import envs
 
     monkeypatch.delenv("MINIVLLM_CPU_BLOCK_CACHE_MIB", raising=False)
-    assert envs.cpu_block_cache_bytes() == 1024 << 20
+    assert envs.cpu_block_cache_bytes() == 512 << 20
     monkeypatch.setenv("MINIVLLM_CPU_BLOCK_CACHE_MIB", "0")
     assert envs.cpu_block_cache_bytes() == 0
     monkeypatch.setenv("MINIVLLM_CPU_BLOCK_CACHE_MIB", "lots")

@@ -132,11 +132,12 @@ int64_t install_block_cache(int64_t limit_bytes) {
   return 1;
 }
 
-// [cached bytes, blocks reused, blocks newly made, large blocks in use]
+// [cached bytes, blocks reused, blocks newly made, large blocks in use, limit]
 std::vector<int64_t> block_cache_stats() {
   BlockCache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
-  return {static_cast<int64_t>(c.cached), c.hits, c.misses, static_cast<int64_t>(c.live.size())};
+  return {static_cast<int64_t>(c.cached), c.hits, c.misses, static_cast<int64_t>(c.live.size()),
+          static_cast<int64_t>(c.limit)};
 }
 
 }  // namespace

@@ -241,9 +241,16 @@ def install_block_cache(limit_bytes: int) -> bool:
 
 
 def block_cache_stats() -> dict[str, int]:
-    """The block cache's cached bytes, blocks reused, blocks made and blocks in use."""
-    cached, hits, misses, live = torch.ops.minivllm_cpu.block_cache_stats()
-    return {"cached_bytes": cached, "reused": hits, "made": misses, "in_use": live}
+    """The block cache's cached bytes, blocks reused, blocks made, blocks in use and
+    limit (0: never installed in this process)."""
+    cached, hits, misses, live, limit = torch.ops.minivllm_cpu.block_cache_stats()
+    return {
+        "cached_bytes": cached,
+        "reused": hits,
+        "made": misses,
+        "in_use": live,
+        "limit_bytes": limit,
+    }
 
 
 def isa(force: int = -1) -> int:

@@ -122,15 +122,7 @@ class Worker:
         if self.device.type == "cpu":
             threads = configure_cpu_threads(cpu_threads or cpu_threads_per_rank(1))
             malloc = "fixed" if configure_cpu_malloc() else "left as they are"
-            cached = lowbit_cpu.install_block_cache(envs.cpu_block_cache_bytes())
-            logger.info(
-                "CPU worker: %d torch threads; malloc thresholds %s; large blocks %s",
-                threads,
-                malloc,
-                f"reused (up to {envs.cpu_block_cache_bytes() >> 20} MiB)"
-                if cached
-                else "not cached",
-            )
+            logger.info("CPU worker: %d torch threads; malloc thresholds %s", threads, malloc)
         seed = vllm_config.model_config.seed
         if seed is not None:
             # Unseeded random sampling draws from the global generator: seeding it
@@ -194,6 +186,13 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
         self.num_blocks = num_blocks
+        if self.device.type == "cpu":
+            # Only now: the blocks freed while the weights were converted are not kept.
+            limit = envs.cpu_block_cache_bytes()
+            if lowbit_cpu.install_block_cache(limit):
+                logger.info(
+                    "CPU worker: freed blocks of 16 MiB and up reused (%d MiB)", limit >> 20
+                )
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)

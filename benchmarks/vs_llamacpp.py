@@ -70,8 +70,14 @@ def run(
 
 
 def minivllm_env() -> dict[str, str]:
+    """The environment of a minivllm child: it imports the tree at ``ROOT``.
+
+    ``PYTHONSAFEPATH`` keeps ``python -m`` from putting the working directory ahead of
+    ``PYTHONPATH``: run from a checkout, every child imported that checkout, so
+    `tree_ab.py`'s "old" runs measured the new tree."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONSAFEPATH"] = "1"
     return env
 
 

@@ -10,6 +10,7 @@ for piecewise CUDA graph capture.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -232,8 +233,6 @@ def _fingerprint(
     """A hash of what decides the split graph's pieces and their entries: the traced
     code, its inputs' dtypes and (symbolic) shapes, the splitting ops, the shapes
     compiled for, and the torch version."""
-    import hashlib
-
     parts = [torch.__version__, gm.code, repr(splitting_ops), repr(ranges), repr(sizes)]
     for t in example_inputs:
         if isinstance(t, torch.Tensor):

@@ -92,11 +92,17 @@ class PieceCompiler:
         return graph_key(gm, example_args, f"{label}|inductor={self.use_inductor}")
 
     def compile(
-        self, gm: fx.GraphModule, example_args: list[Any], label: str, dynamic: bool
+        self,
+        gm: fx.GraphModule,
+        example_args: list[Any],
+        label: str,
+        dynamic: bool,
+        key: str | None = None,
     ) -> Callable[..., Any]:
         """A callable running ``gm``; ``label`` names the shape entry ("range_1_512",
-        "size_8"); ``dynamic`` keeps the tracing context's symbolic sizes."""
-        key = self.key(gm, example_args, label)
+        "size_8"); ``dynamic`` keeps the tracing context's symbolic sizes; ``key``, if
+        the caller has it, is `key` of the same arguments."""
+        key = key or self.key(gm, example_args, label)
         fn = self.load(gm, key)
         if fn is None:
             start = time.perf_counter()

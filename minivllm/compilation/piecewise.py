@@ -56,15 +56,31 @@ class PiecewiseBackend:
         compile_ranges: list[Range],
         compile_sizes: list[int],
     ) -> None:
+        ranges = _sorted_ranges(compile_ranges)
+        keys = [compiler.key(graph, example_args, _label(r)) for r in ranges]
+        entries = [
+            (r, compiler.compile(graph, example_args, _label(r), dynamic=True, key=key))
+            for r, key in zip(ranges, keys, strict=True)
+        ]
+        token = _find_token_dim(example_args)
+        self._assign(graph, piece_index, compiler, token, keys, entries, compile_sizes)
+
+    def _assign(
+        self,
+        graph: fx.GraphModule,
+        piece_index: int,
+        compiler: PieceCompiler,
+        token: tuple[int, int | None],
+        range_keys: list[str],
+        range_entries: list[tuple[Range, Callable[..., Any]]],
+        compile_sizes: list[int],
+    ) -> None:
         self.graph = graph
         self.piece_index = piece_index
         self.compiler = compiler
-        self.token_arg, self.token_dim = _find_token_dim(example_args)
-        ranges = _sorted_ranges(compile_ranges)
-        self.range_keys = [compiler.key(graph, example_args, _label(r)) for r in ranges]
-        self.range_entries: list[tuple[Range, Callable[..., Any]]] = [
-            (r, compiler.compile(graph, example_args, _label(r), dynamic=True)) for r in ranges
-        ]
+        self.token_arg, self.token_dim = token
+        self.range_keys = range_keys
+        self.range_entries = range_entries
         self.size_entries: dict[int, Callable[..., Any] | None] = dict.fromkeys(compile_sizes)
 
     def record(self) -> dict[str, Any]:
@@ -97,13 +113,16 @@ class PiecewiseBackend:
                 return None
             entries.append((r, fn))
         piece = cls.__new__(cls)
-        piece.graph = graph
-        piece.piece_index = int(record["index"])
-        piece.compiler = compiler
-        piece.token_arg, piece.token_dim = record["token"]
-        piece.range_keys = list(keys)
-        piece.range_entries = entries
-        piece.size_entries = dict.fromkeys(compile_sizes)
+        token_arg, token_dim = record["token"]
+        piece._assign(
+            graph,
+            int(record["index"]),
+            compiler,
+            (token_arg, token_dim),
+            list(keys),
+            entries,
+            compile_sizes,
+        )
         return piece
 
     def runtime_size(self, args: tuple[Any, ...]) -> int | None:

@@ -7,7 +7,7 @@
 // sampler's copy, its softmax).  This allocator hands blocks from 16 MiB up out of a
 // free list of blocks of the same size (rounded to 2 MiB), asks the kernel for
 // transparent huge pages on new ones, and keeps at most `limit` bytes cached; smaller
-// blocks go to c10's own allocation functions as before.
+// blocks go to torch's default CPU allocator as before.
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -107,12 +107,12 @@ class CachingCpuAllocator final : public c10::Allocator {
   // blocks come from c10's alloc_cpu), so raw allocation works for both sizes.
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
- private:
-  c10::Allocator* base_;
-
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
+
+ private:
+  c10::Allocator* base_;
 };
 
 // Makes the cache the process's CPU allocator (once; a later call only sets the limit,

@@ -74,16 +74,11 @@ at::Tensor q4_dequantize(const at::Tensor& qweight, const at::Tensor& scales, in
   return out.to(dtype);
 }
 
-// The float result of an int8 x int8 product computed for two activation terms:
-// out[r, n] = (acc[r, n] * hi[r] + acc[rows + r, n] * lo[r]) * scale[n], where acc is
-// the int32 [2 * rows, N] product.  One pass over acc, rounding each step to float as
-// the separate torch ops would (no FMA contraction under -std=c++17), instead of a
-// float copy of acc and four passes.
 // One row's columns [0, n) of `int8_mm_scale`, compiled for AVX-512, AVX2 and plain
 // x86-64 (the loader picks the best this CPU runs: 8-16 lanes instead of 4), without
 // fused multiply-adds, so each step rounds as the separate torch ops do.
-__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off"))) void scale_row(
-    const int32_t* x, const int32_t* y, float hr, float lr, const float* sp, int64_t n,
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
+void scale_row(const int32_t* x, const int32_t* y, float hr, float lr, const float* sp, int64_t n,
     float* o) {
   for (int64_t c = 0; c < n; ++c) {
     const float first = static_cast<float>(x[c]) * hr;
@@ -93,6 +88,10 @@ __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contrac
   }
 }
 
+// The float result of an int8 x int8 product computed for two activation terms:
+// out[r, n] = (acc[r, n] * hi[r] + acc[rows + r, n] * lo[r]) * scale[n], where acc is
+// the int32 [2 * rows, N] product.  One pass over acc (`scale_row`), instead of a float
+// copy of acc and four passes, with the same roundings.
 at::Tensor int8_mm_scale(const at::Tensor& acc, const at::Tensor& hi, const at::Tensor& lo,
                          const at::Tensor& scale) {
   TORCH_CHECK(acc.scalar_type() == at::kInt && acc.dim() == 2 && acc.size(0) % 2 == 0,

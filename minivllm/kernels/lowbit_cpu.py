@@ -2,12 +2,14 @@
 
 The sources (``lowbit_cpu.cpp``: low-bit GEMMs; ``decode_attention_cpu.cpp``: the
 decode graph's paged attention; ``decode_layer_cpu.cpp``: its fused decoder
-layer; ``block_cache_cpu.cpp``: the CPU block cache; the kernels themselves in the two headers) are compiled into one library
+layer; ``block_cache_cpu.cpp``: the CPU block cache; the kernels themselves in the
+two headers) are compiled into one library
 once per machine, torch version and source text with the system C++ compiler
 (the one torch.compile's CPU backend already needs) into
 ``<cache root>/kernels``, then loaded with ``torch.ops.load_library``; later
-processes load the cached library in milliseconds.  `start_building` runs the first
-build in the background while the rest of a start-up goes on.  No compiler, or a failed
+processes load the cached library in milliseconds.  `start_building` runs the
+first build in the background while the rest of a start-up goes on.  No compiler,
+or a failed
 build, leaves `available` false: the low-bit layers then use torch's own int4 /
 int8 kernels (slower at one token, same results up to rounding), with one
 warning saying why.  ``MINIVLLM_CPU_KERNELS=0`` turns the kernels off.
@@ -104,9 +106,9 @@ def _build(target: Path) -> None:
     """Compile the sources as one translation unit, then link it into ``target``.
 
     Most of a source's compile time is torch's headers (5.4 s of the 6.5-9.5 s each
-    takes on a 2-core EPYC), so one unit that includes the three sources parses them
-    once: 9.5 s on one core, against 23 s of compiler time (12-18 s wall, both cores
-    busy) for three processes side by side.  The other core is left to the rest of
+    takes on a 2-core EPYC), so one unit that includes every source parses them
+    once: 11 s on one core, against 16.4 s wall with both cores busy for one compiler
+    process per source.  The other core is left to the rest of
     the start-up (`start_building`)."""
     compiler = envs.cxx_compiler() or shutil.which("g++") or shutil.which("c++")
     if compiler is None:

@@ -27,6 +27,8 @@ from minivllm.math_utils import round_up
 ENCODER_ONLY = "encoder_only"
 """`Attention.attn_type` of bidirectional layers (vLLM's ``AttentionType.ENCODER_ONLY``)."""
 
+KERNEL_STARTS = "encoder_only_starts"
+"""`AttentionMetadata.backend_plan` key of the prompts' first rows for the CPU kernel."""
 GROUP_SIZE = 16
 """Most prompts padded into one SDPA call."""
 PAD_MULTIPLE = 16
@@ -101,6 +103,24 @@ def _groups_of(
     return groups
 
 
+def _starts_of(attn_metadata: AttentionMetadata | None, t: int) -> torch.Tensor:
+    if attn_metadata is None:
+        return torch.tensor([0, t])
+    starts = attn_metadata.backend_plan.get(KERNEL_STARTS)
+    if starts is None:
+        qsl = attn_metadata.query_start_loc_cpu or attn_metadata.query_start_loc.tolist()
+        starts = attn_metadata.backend_plan[KERNEL_STARTS] = torch.tensor(qsl)
+    return starts
+
+
+def _use_kernel(query: torch.Tensor) -> bool:
+    if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    from minivllm.kernels import lowbit_cpu
+
+    return lowbit_cpu.available()
+
+
 def encoder_only_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -109,7 +129,13 @@ def encoder_only_attention(
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """Fill ``out`` [T, nh, hd] with attention within each prompt of the flat batch."""
+    """Fill ``out`` [T, nh, hd] with attention within each prompt of the flat batch:
+    on CPU minivllm's unpadded kernel (``encoder_attention_cpu.cpp``: about twice
+    torch's flash attention at head size 32-64), elsewhere padded SDPA groups."""
+    if _use_kernel(query):
+        starts = _starts_of(attn_metadata, query.shape[0])
+        out.copy_(torch.ops.minivllm_cpu.encoder_attention(query, key, value, starts, scale))
+        return
     gqa = key.shape[1] != query.shape[1]
     for group in _groups_of(attn_metadata, query.shape[0], query.device):
         res = F.scaled_dot_product_attention(

@@ -63,6 +63,7 @@ SOURCES = tuple(
         "decode_attention_cpu.cpp",
         "decode_layer_cpu.cpp",
         "block_cache_cpu.cpp",
+        "encoder_attention_cpu.cpp",
     )
 )
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("lowbit_kernels.h", "attention_kernels.h"))

@@ -91,6 +91,11 @@ def plan_groups(starts: list[int], device: torch.device) -> list[PaddedGroup]:
     return groups
 
 
+def _starts(attn_metadata: AttentionMetadata) -> list[int]:
+    """The first row of each prompt of the step, and the row count last."""
+    return attn_metadata.query_start_loc_cpu or attn_metadata.query_start_loc.tolist()
+
+
 def _groups_of(
     attn_metadata: AttentionMetadata | None, t: int, device: torch.device
 ) -> list[PaddedGroup]:
@@ -98,8 +103,9 @@ def _groups_of(
         return plan_groups([0, t], device)
     groups = attn_metadata.backend_plan.get(ENCODER_ONLY)
     if groups is None:
-        qsl = attn_metadata.query_start_loc_cpu or attn_metadata.query_start_loc.tolist()
-        groups = attn_metadata.backend_plan[ENCODER_ONLY] = plan_groups(qsl, device)
+        groups = attn_metadata.backend_plan[ENCODER_ONLY] = plan_groups(
+            _starts(attn_metadata), device
+        )
     return groups
 
 
@@ -108,8 +114,7 @@ def _starts_of(attn_metadata: AttentionMetadata | None, t: int) -> torch.Tensor:
         return torch.tensor([0, t])
     starts = attn_metadata.backend_plan.get(KERNEL_STARTS)
     if starts is None:
-        qsl = attn_metadata.query_start_loc_cpu or attn_metadata.query_start_loc.tolist()
-        starts = attn_metadata.backend_plan[KERNEL_STARTS] = torch.tensor(qsl)
+        starts = attn_metadata.backend_plan[KERNEL_STARTS] = torch.tensor(_starts(attn_metadata))
     return starts
 
 

@@ -5,9 +5,11 @@
 // time it is made: ~11 ms for the 32 MiB float32 logits of 32 rows of a 262k-token
 // vocabulary, several times a decode step (the int32 LM-head product, the logits, the
 // sampler's copy, its softmax).  This allocator hands blocks from 16 MiB up out of a
-// free list of blocks of the same size (rounded to 2 MiB), asks the kernel for
-// transparent huge pages on new ones, and keeps at most `limit` bytes cached; smaller
-// blocks go to torch's default CPU allocator as before.
+// list of freed blocks of the same size (rounded to 2 MiB), asks the kernel for
+// transparent huge pages on new ones, and keeps at most `limit` bytes cached: a freed
+// block that does not fit pushes out the blocks freed longest ago, whatever their
+// size, so a change of shapes (a new batch size) replaces what the old ones left.
+// Smaller blocks go to torch's default CPU allocator as before.
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -18,8 +20,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <list>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -30,7 +35,7 @@ constexpr size_t kGranule = size_t{2} << 20;
 struct BlockCache {
   std::mutex mutex;
   std::unordered_map<void*, size_t> live;               // large blocks in use -> size
-  std::unordered_map<size_t, std::vector<void*>> free;  // size -> cached blocks
+  std::list<std::pair<size_t, void*>> free;             // cached blocks, oldest first
   size_t cached = 0, limit = 0;
   int64_t hits = 0, misses = 0;
 };
@@ -40,10 +45,23 @@ BlockCache& cache() {
   return *instance;
 }
 
+// Takes the blocks freed longest ago off the list until the cache is within its limit;
+// the caller frees them once the lock is released.  Called with the lock held.
+std::vector<void*> trim(BlockCache& c) {
+  std::vector<void*> evicted;
+  while (c.cached > c.limit && !c.free.empty()) {
+    evicted.push_back(c.free.front().second);
+    c.cached -= c.free.front().first;
+    c.free.pop_front();
+  }
+  return evicted;
+}
+
 // The deleter of the large blocks (and the raw deleter of all): a large one goes back
 // to the free list (or to the system past the limit), a small one to c10's free.
 void release(void* data) {
-  bool large = false, keep = false;
+  bool large = false;
+  std::vector<void*> evicted;
   {
     BlockCache& c = cache();
     std::lock_guard<std::mutex> lock(c.mutex);
@@ -52,18 +70,13 @@ void release(void* data) {
       large = true;
       const size_t size = it->second;
       c.live.erase(it);
-      keep = c.cached + size <= c.limit;
-      if (keep) {
-        c.free[size].push_back(data);
-        c.cached += size;
-      }
+      c.free.emplace_back(size, data);
+      c.cached += size;
+      evicted = trim(c);  // may include this block, when it alone is over the limit
     }
   }
-  if (!large) {
-    c10::free_cpu(data);
-  } else if (!keep) {
-    std::free(data);
-  }
+  if (!large) c10::free_cpu(data);
+  for (void* block : evicted) std::free(block);
 }
 
 class CachingCpuAllocator final : public c10::Allocator {
@@ -80,10 +93,13 @@ class CachingCpuAllocator final : public c10::Allocator {
     void* data = nullptr;
     {
       std::lock_guard<std::mutex> lock(c.mutex);
-      auto it = c.free.find(size);
-      if (it != c.free.end() && !it->second.empty()) {
-        data = it->second.back();
-        it->second.pop_back();
+      // The most recently freed block of this size: its pages are the likeliest to be
+      // in cache.  The list holds at most limit / 16 MiB entries.
+      auto it = std::find_if(c.free.rbegin(), c.free.rend(),
+                             [size](const auto& block) { return block.first == size; });
+      if (it != c.free.rend()) {
+        data = it->second;
+        c.free.erase(std::next(it).base());
         c.cached -= size;
         ++c.hits;
       } else {
@@ -125,13 +141,7 @@ int64_t install_block_cache(int64_t limit_bytes) {
     BlockCache& c = cache();
     std::lock_guard<std::mutex> lock(c.mutex);
     c.limit = static_cast<size_t>(std::max<int64_t>(limit_bytes, 0));
-    for (auto& [size, blocks] : c.free) {
-      while (c.cached > c.limit && !blocks.empty()) {
-        evicted.push_back(blocks.back());
-        blocks.pop_back();
-        c.cached -= size;
-      }
-    }
+    evicted = trim(c);
   }
   for (void* block : evicted) std::free(block);
   std::call_once(installed, [] {

@@ -196,7 +196,8 @@ def test_block_cache_reuses_large_blocks_within_its_limit() -> None:
     from minivllm import envs
 
     mib = 1 << 20
-    assert lowbit_cpu.install_block_cache(64 * mib)  # also trims what earlier tests left
+    lowbit_cpu.install_block_cache(0)  # gives back what earlier tests left cached
+    assert lowbit_cpu.install_block_cache(64 * mib)
     try:
         first = torch.full((20 * mib // 4,), 7.0)
         address = first.data_ptr()
@@ -212,6 +213,17 @@ def test_block_cache_reuses_large_blocks_within_its_limit() -> None:
         blocks = [torch.ones(22 * mib, dtype=torch.uint8) for _ in range(5)]
         del blocks
         assert lowbit_cpu.block_cache_stats()["cached_bytes"] <= 64 * mib
+        # A new size freed into a full cache pushes out the oldest blocks of other sizes,
+        # and is the one the next tensor of its size gets.
+        third = torch.empty(40 * mib, dtype=torch.uint8)
+        address = third.data_ptr()
+        del third
+        stats = lowbit_cpu.block_cache_stats()
+        assert stats["cached_bytes"] <= 64 * mib
+        fourth = torch.empty(40 * mib, dtype=torch.uint8)
+        assert fourth.data_ptr() == address
+        assert lowbit_cpu.block_cache_stats()["reused"] == stats["reused"] + 1
+        del fourth
         lowbit_cpu.install_block_cache(30 * mib)  # a lower limit gives back what is over
         assert lowbit_cpu.block_cache_stats()["cached_bytes"] <= 30 * mib
         small = torch.arange(1000)

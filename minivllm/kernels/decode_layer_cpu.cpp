@@ -14,8 +14,10 @@
 //   out = h @ Wdown.T (+ bias);  [out = norm_post_mlp(out)];  [out += residual]
 //
 // with the kernels of lowbit_kernels.h and attention_kernels.h, back to back,
-// so the threads stay spinning between its parallel parts and nothing is
-// allocated but the two outputs.  Everything between the GEMMs is float32, as
+// on one team of threads for all the layers of a call (thread_team.h): each
+// phase (token rows, GEMM columns, (request, KV head) pairs) is split over the
+// team and ends at a spinning barrier, so no thread sleeps between the parts
+// and nothing is allocated but the two outputs.  Everything between the GEMMs is float32, as
 // in the models' own ops.
 //
 // What differs between model families is read from the layer's `form` (bits
@@ -32,6 +34,7 @@
 
 #include "attention_kernels.h"
 #include "lowbit_kernels.h"
+#include "thread_team.h"
 
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -42,7 +45,6 @@ namespace {
 
 constexpr int64_t kQ4Kind = 5;  // quantized_linear.Q4
 constexpr int64_t kQ8Kind = 8;  // quantized_linear.INT8
-constexpr int64_t kTokenGrain = 8;  // tokens per thread for the elementwise parts
 
 // Bits of a layer's `form` (fused_decoder_layer.py names them too).
 constexpr int64_t kNormPlusOne = 1;  // every norm scales by 1 + weight (Gemma)
@@ -174,14 +176,6 @@ void act_mul(const float* g, const float* u, int64_t n, bool gelu, float* h) {
   act_mul_portable(g, u, n, gelu, h);
 }
 
-// Rows [0, rows) of a per-token step, on the threads once there are enough rows.
-template <typename F>
-void each_token(int64_t rows, const F& f) {
-  at::parallel_for(0, rows, kTokenGrain, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) f(r);
-  });
-}
-
 constexpr int64_t kMaxLoRARank = 512;  // LoRAConfig's largest max_lora_rank
 
 // One projection's LoRA slots: A [slices * slots * rank, in] (slice-major), one
@@ -213,16 +207,6 @@ struct LoRALayer {
   std::vector<int64_t> slot;  // per row: the slot its mask row marks, -1 for none
   LoRADelta proj[4];
   int64_t slots = 0;
-
-  // y [rows, out] += each row's own slot's delta of projection p on x [rows, in]:
-  // a row computes only its own slot (punica's BGMV), a row without one nothing.
-  void add(int p, const float* x, int64_t rows, float* y) const {
-    const LoRADelta& d = proj[p];
-    if (d.a == nullptr) return;
-    each_token(rows, [&](int64_t r) {
-      if (slot[r] >= 0) lora_row(d, slots, slot[r], x + r * d.in, y + r * d.out);
-    });
-  }
 };
 
 // Tensors of `lora` one layer's projections take: per projection with n > 0
@@ -279,19 +263,6 @@ LoRALayer make_lora(const c10::optional<at::Tensor>& mask, at::IntArrayRef count
   return l;
 }
 
-struct Scratch {
-  QuantizedRows act;
-  std::vector<float> x, qkv, q, k, attn, o, gu, h;
-};
-
-template <typename T>
-void layer_attention(const Shape& s, T* cache, const float* q, const float* k, const float* v,
-                     int64_t v_stride, const at::Tensor& slots, const at::Tensor& table,
-                     const at::Tensor& seq_lens, float* out) {
-  write_rows(s, cache, k, s.num_kv * s.head_dim, v, v_stride, slots.data_ptr<int64_t>());
-  attend(s, q, cache, table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), out);
-}
-
 using Biases = c10::List<c10::optional<at::Tensor>>;
 
 // What one layer reads besides the step's shared inputs.
@@ -317,14 +288,29 @@ struct StepInputs {
   const c10::optional<at::Tensor>* lora_mask;
 };
 
-std::tuple<at::Tensor, at::Tensor> run_layer(const at::Tensor& hidden,
-                                             const c10::optional<at::Tensor>& residual,
-                                             const LayerInputs& in, const StepInputs& st,
-                                             at::IntArrayRef lora_slices, at::TensorList lora) {
+// One layer, checked and reduced to what its computation reads (`plan_layer`):
+// made before the threads start, so nothing inside them can throw.
+struct LayerPlan {
+  Shape s;
+  Linear qkv, o, gu, down;
+  LoRALayer lora;
+  std::vector<at::Tensor> keep;  // the float32 / contiguous copies the pointers read
+  const float *n_in, *n_mlp, *n_post_attn, *n_post_mlp, *n_q, *n_k;
+  float off, eps;
+  bool sandwich, qk_norm, gelu, sum_output;
+  const float* cos_sin;
+  int64_t rot;
+  void* cache;
+  bool bf16_cache;
+  const int64_t *pos, *slots;
+  const int32_t *table, *lens;
+  int64_t H, qs, kvs, inter;
+};
+
+LayerPlan plan_layer(int64_t B, int64_t H, const LayerInputs& in, const StepInputs& st,
+                     at::IntArrayRef lora_slices, at::TensorList lora) {
   const int64_t form = st.form, num_heads = st.num_heads;
   TORCH_CHECK((form & ~kFormBits) == 0, "decoder_layer: unknown bits in form");
-  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
-              "decoder_layer: hidden must be contiguous float32 [tokens, hidden]");
   TORCH_CHECK(in.weights.size() == 8 && in.kinds.size() == 4 && in.biases->size() >= in.bias0 + 4,
               "decoder_layer: expects 4 weights (qkv, o, gate_up, down) with scales, kinds and "
               "biases");
@@ -342,8 +328,8 @@ std::tuple<at::Tensor, at::Tensor> run_layer(const at::Tensor& hidden,
                   st.seq_lens->scalar_type() == at::kInt && in.slots->scalar_type() == at::kLong,
               "decoder_layer: float32 rotary table, int64 positions and slots, int32 table and "
               "lengths");
-  const int64_t B = hidden.size(0), H = hidden.size(1);
-  Shape s;
+  LayerPlan p;
+  Shape& s = p.s;
   s.batch = B;
   s.num_blocks = cache.size(1);
   s.block_size = cache.size(2);
@@ -353,46 +339,228 @@ std::tuple<at::Tensor, at::Tensor> run_layer(const at::Tensor& hidden,
   s.table_width = in.block_table->size(1);
   s.scale = static_cast<float>(st.scale);
   s.window = in.window;
-  const int64_t hd = s.head_dim, qs = num_heads * hd, kvs = s.num_kv * hd;
-  const int64_t rot = cos_sin.size(1);
-  TORCH_CHECK(num_heads % s.num_kv == 0 && rot % 2 == 0 && rot <= hd,
+  const int64_t hd = s.head_dim;
+  p.H = H;
+  p.qs = num_heads * hd;
+  p.kvs = s.num_kv * hd;
+  p.rot = cos_sin.size(1);
+  TORCH_CHECK(num_heads % s.num_kv == 0 && p.rot % 2 == 0 && p.rot <= hd,
               "decoder_layer: head counts or rotary size do not match the cache");
   const Biases& bs = *in.biases;
   const size_t b0 = in.bias0;
   const at::TensorList w = in.weights;
-  const Linear qkv = with_bias(make_linear(w[0], w[1], in.kinds[0], H, "qkv_proj"),
-                               bs.get(b0), "qkv_proj");
-  const Linear o = with_bias(make_linear(w[2], w[3], in.kinds[1], qs, "o_proj"),
-                             bs.get(b0 + 1), "o_proj");
-  const Linear gu = with_bias(make_linear(w[4], w[5], in.kinds[2], H, "gate_up_proj"),
-                              bs.get(b0 + 2), "gate_up_proj");
-  const int64_t inter = gu.out / 2;
-  const Linear down = with_bias(make_linear(w[6], w[7], in.kinds[3], inter, "down_proj"),
-                                bs.get(b0 + 3), "down_proj");
-  TORCH_CHECK(qkv.out == qs + 2 * kvs && o.out == H && down.out == H && gu.out == 2 * inter,
+  p.qkv = with_bias(make_linear(w[0], w[1], in.kinds[0], H, "qkv_proj"), bs.get(b0), "qkv_proj");
+  p.o = with_bias(make_linear(w[2], w[3], in.kinds[1], p.qs, "o_proj"), bs.get(b0 + 1), "o_proj");
+  p.gu = with_bias(make_linear(w[4], w[5], in.kinds[2], H, "gate_up_proj"), bs.get(b0 + 2),
+                   "gate_up_proj");
+  p.inter = p.gu.out / 2;
+  p.down = with_bias(make_linear(w[6], w[7], in.kinds[3], p.inter, "down_proj"), bs.get(b0 + 3),
+                     "down_proj");
+  TORCH_CHECK(p.qkv.out == p.qs + 2 * p.kvs && p.o.out == H && p.down.out == H &&
+                  p.gu.out == 2 * p.inter,
               "decoder_layer: weight shapes do not match the hidden size and heads");
-  const LoRALayer lr = make_lora(*st.lora_mask, lora_slices, lora, B, {H, qs, H, inter},
-                                 {qkv.out, H, gu.out, H});
-  const bool sandwich = form & kSandwich, qk_norm = form & kQKNorm;
+  p.lora = make_lora(*st.lora_mask, lora_slices, lora, B, {H, p.qs, H, p.inter},
+                     {p.qkv.out, H, p.gu.out, H});
+  p.sandwich = form & kSandwich;
+  p.qk_norm = form & kQKNorm;
+  p.gelu = form & kGeluTanh;
+  p.sum_output = form & kSumOutput;
+  p.off = (form & kNormPlusOne) ? 1.f : 0.f;
+  p.eps = static_cast<float>(st.eps);
   // Norm weights as float32, in the order norm_count names them.
-  std::vector<at::Tensor> nw;
+  std::vector<const float*> nw;
   for (size_t i = 0; i < in.norms.size(); ++i) {
-    nw.push_back(in.norms[i].to(at::kFloat).contiguous());
-    const int64_t want = (i < 2 || (sandwich && i < 4)) ? H : hd;
-    TORCH_CHECK(nw.back().numel() == want, "decoder_layer: norm weight ", i, " has ",
-                nw.back().numel(), " values, not ", want);
+    p.keep.push_back(in.norms[i].to(at::kFloat).contiguous());
+    const int64_t want = (i < 2 || (p.sandwich && i < 4)) ? H : hd;
+    TORCH_CHECK(p.keep.back().numel() == want, "decoder_layer: norm weight ", i, " has ",
+                p.keep.back().numel(), " values, not ", want);
+    nw.push_back(p.keep.back().data_ptr<float>());
   }
-  const float* n_in = nw[0].data_ptr<float>();
-  const float* n_mlp = nw[1].data_ptr<float>();
-  const float* n_post_attn = sandwich ? nw[2].data_ptr<float>() : nullptr;
-  const float* n_post_mlp = sandwich ? nw[3].data_ptr<float>() : nullptr;
-  const float* n_q = qk_norm ? nw[sandwich ? 4 : 2].data_ptr<float>() : nullptr;
-  const float* n_k = qk_norm ? nw[sandwich ? 5 : 3].data_ptr<float>() : nullptr;
-  const float off = (form & kNormPlusOne) ? 1.f : 0.f;
-  const bool gelu = form & kGeluTanh;
-  const at::Tensor pos = st.positions->contiguous(), table = in.block_table->contiguous();
-  const at::Tensor lens = st.seq_lens->contiguous(), sl = in.slots->contiguous();
+  p.n_in = nw[0];
+  p.n_mlp = nw[1];
+  p.n_post_attn = p.sandwich ? nw[2] : nullptr;
+  p.n_post_mlp = p.sandwich ? nw[3] : nullptr;
+  p.n_q = p.qk_norm ? nw[p.sandwich ? 4 : 2] : nullptr;
+  p.n_k = p.qk_norm ? nw[p.sandwich ? 5 : 3] : nullptr;
+  for (const at::Tensor* t : {st.positions, in.block_table, st.seq_lens, in.slots})
+    p.keep.push_back(t->contiguous());
+  const size_t k0 = p.keep.size() - 4;
+  p.pos = p.keep[k0].data_ptr<int64_t>();
+  p.table = p.keep[k0 + 1].data_ptr<int32_t>();
+  p.lens = p.keep[k0 + 2].data_ptr<int32_t>();
+  p.slots = p.keep[k0 + 3].data_ptr<int64_t>();
+  TORCH_CHECK(p.keep[k0].numel() >= B && p.keep[k0 + 2].numel() >= B &&
+                  p.keep[k0 + 3].numel() >= B && in.block_table->size(0) >= B,
+              "decoder_layer: positions, lengths, slots and block table need a row per token");
+  const int64_t max_pos = cos_sin.size(0);
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(p.pos[b] >= 0 && p.pos[b] < max_pos, "decoder_layer: position past the rotary table");
+  p.cos_sin = cos_sin.data_ptr<float>();
+  p.bf16_cache = cache.scalar_type() == at::kBFloat16;
+  p.cache = cache.data_ptr();
+  return p;
+}
 
+// Buffers of one call, shared by its threads (each writes only its share).
+struct Scratch {
+  QuantizedRows act;  // the activations the next GEMM reads, quantized
+  std::vector<float> x, qkv, q, k, attn, o, gu, h;
+
+  void reserve(const std::vector<LayerPlan>& plans, int64_t B) {
+    int64_t most_in = 0;
+    for (const LayerPlan& p : plans) {
+      most_in = std::max({most_in, p.H, p.qs, p.inter});
+      grow(x, B * std::max(p.H, p.inter));
+      grow(qkv, B * p.qkv.out);
+      grow(q, B * p.qs);
+      grow(k, B * p.kvs);
+      grow(attn, B * p.qs);
+      grow(o, B * p.H);
+      grow(gu, B * p.gu.out);
+      grow(h, B * p.inter);
+    }
+    reserve_rows(act, B, most_in);
+  }
+
+  static void grow(std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  }
+};
+
+int64_t group_of(const Linear& lin) { return lin.kind == kQ4Kind ? kQ4Group : kQ8Group; }
+
+// Token r's inputs of `lin` (at x) into the shared quantized activations.
+void quantize_for(const Linear& lin, const float* x, int64_t r, QuantizedRows& act) {
+  quantize_row(x, r, lin.in, group_of(lin), minivllm_cpu::active_isa(), act);
+}
+
+// This thread's columns of y [B, out] = act @ W.T (+ bias), in runs of 16 (one q4
+// tile), then a barrier; with LoRA, each row's delta on x after it (rows split,
+// another barrier).  An even split measured faster than threads claiming runs as
+// they go (3.3-3.5 against 3.8-3.9 ms for the default model's 30 layers at batch 1):
+// each thread then reads one stretch of the weight, which the prefetches follow.
+void team_linear(const Team& team, const Linear& lin, const QuantizedRows& act, int64_t B,
+                 float* y, const LoRALayer& lora, int proj, const float* x) {
+  const int64_t isa = minivllm_cpu::active_isa();
+  const auto [u0, u1] = team.share((lin.out + kRowTile - 1) / kRowTile);
+  const int64_t c0 = u0 * kRowTile, c1 = std::min(lin.out, u1 * kRowTile);
+  if (lin.kind == kQ4Kind)
+    q4_tiles(lin.w->data_ptr<uint8_t>(), lin.scales.data_ptr<c10::Half>(), act, B, lin.in,
+             lin.out, y, u0, u1, isa);
+  else
+    q8_rows(lin.w->data_ptr<int8_t>(), lin.scales.data_ptr<float>(), act, B, lin.in, lin.out, y,
+            c0, c1, isa);
+  if (lin.bias.defined()) {
+    const float* b = lin.bias.data_ptr<float>();
+    for (int64_t r = 0; r < B; ++r) {
+      float* yr = y + r * lin.out;
+#pragma omp simd
+      for (int64_t i = c0; i < c1; ++i) yr[i] += b[i];
+    }
+  }
+  team.sync();
+  const LoRADelta& d = lora.proj[proj];
+  if (d.a == nullptr) return;
+  const auto [r0, r1] = team.share(B);
+  for (int64_t r = r0; r < r1; ++r)
+    if (lora.slot[r] >= 0) lora_row(d, lora.slots, lora.slot[r], x + r * d.in, y + r * d.out);
+  team.sync();
+}
+
+// Request b's KV head h: q/k norms and rotary of its heads, its K/V row into the
+// cache, then its attention.
+template <typename T>
+void attend_pair(const LayerPlan& p, Scratch& t, int64_t b, int64_t h, std::vector<float>& sc) {
+  const Shape& s = p.s;
+  const int64_t hd = s.head_dim, group = s.num_heads / s.num_kv;
+  const float* row = t.qkv.data() + b * p.qkv.out;
+  const float* cos = p.cos_sin + p.pos[b] * p.rot;
+  const float* sin = cos + p.rot / 2;
+  for (int64_t j = h * group; j < (h + 1) * group; ++j) {
+    const float* src = row + j * hd;
+    float* dst = t.q.data() + b * p.qs + j * hd;
+    if (p.qk_norm) rms_norm(src, p.n_q, p.off, p.eps, hd, dst);
+    rotate(p.qk_norm ? dst : src, cos, sin, p.rot, hd, dst);
+  }
+  const float* ksrc = row + p.qs + h * hd;
+  float* key = t.k.data() + b * p.kvs + h * hd;
+  if (p.qk_norm) rms_norm(ksrc, p.n_k, p.off, p.eps, hd, key);
+  rotate(p.qk_norm ? key : ksrc, cos, sin, p.rot, hd, key);
+  const float* value = row + p.qs + p.kvs + h * hd;
+  T* cache = static_cast<T*>(p.cache);
+  T* kc = cache + p.slots[b] * p.kvs + h * hd;
+  T* vc = kc + s.num_blocks * s.block_size * p.kvs;
+  for (int64_t i = 0; i < hd; ++i) {
+    kc[i] = static_cast<T>(key[i]);
+    vc[i] = static_cast<T>(value[i]);
+  }
+  one_pair_any(s, t.q.data(), cache, p.table, p.lens[b], b, h, t.attn.data(), sc);
+}
+
+// One layer on this thread's shares.  `res` [B, H] is the residual stream; `out`
+// [B, H] holds the previous layer's output on entry (added to `res` first when
+// `add_out`) and this layer's on return.  Row phases split the tokens the same way
+// every time, so a thread reads back only rows it wrote itself between them.
+void layer_on_team(const Team& team, const LayerPlan& p, Scratch& t, float* res, float* out,
+                   bool add_out, int64_t B) {
+  const int64_t H = p.H;
+  const auto [r0, r1] = team.share(B);
+  thread_local std::vector<float> scores;
+  std::vector<float>& sc = scores;  // this thread's own (team threads run this too)
+
+  // Attention block.
+  for (int64_t r = r0; r < r1; ++r) {
+    float* rr = res + r * H;
+    if (add_out)
+      for (int64_t i = 0; i < H; ++i) rr[i] += out[r * H + i];
+    rms_norm(rr, p.n_in, p.off, p.eps, H, t.x.data() + r * H);
+    quantize_for(p.qkv, t.x.data() + r * H, r, t.act);
+  }
+  team.sync();
+  team_linear(team, p.qkv, t.act, B, t.qkv.data(), p.lora, 0, t.x.data());
+  const auto [a0, a1] = team.share(B * p.s.num_kv);
+  for (int64_t i = a0; i < a1; ++i) {
+    if (p.bf16_cache) attend_pair<c10::BFloat16>(p, t, i / p.s.num_kv, i % p.s.num_kv, sc);
+    else attend_pair<float>(p, t, i / p.s.num_kv, i % p.s.num_kv, sc);
+  }
+  team.sync();
+  for (int64_t r = r0; r < r1; ++r) quantize_for(p.o, t.attn.data() + r * p.qs, r, t.act);
+  team.sync();
+  team_linear(team, p.o, t.act, B, t.o.data(), p.lora, 1, t.attn.data());
+
+  // MLP block.
+  for (int64_t r = r0; r < r1; ++r) {
+    float* rr = res + r * H;
+    float* a = t.o.data() + r * H;
+    if (p.sandwich) rms_norm(a, p.n_post_attn, p.off, p.eps, H, a);
+    for (int64_t i = 0; i < H; ++i) rr[i] += a[i];
+    rms_norm(rr, p.n_mlp, p.off, p.eps, H, t.x.data() + r * H);
+    quantize_for(p.gu, t.x.data() + r * H, r, t.act);
+  }
+  team.sync();
+  team_linear(team, p.gu, t.act, B, t.gu.data(), p.lora, 2, t.x.data());
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* row = t.gu.data() + r * p.gu.out;
+    float* h = t.h.data() + r * p.inter;
+    act_mul(row, row + p.inter, p.inter, p.gelu, h);
+    quantize_for(p.down, h, r, t.act);
+  }
+  team.sync();
+  team_linear(team, p.down, t.act, B, out, p.lora, 3, t.h.data());
+  for (int64_t r = r0; r < r1; ++r) {
+    float* y = out + r * H;
+    if (p.sandwich) rms_norm(y, p.n_post_mlp, p.off, p.eps, H, y);
+    if (p.sum_output)
+      for (int64_t i = 0; i < H; ++i) y[i] += res[r * H + i];
+  }
+}
+
+// Runs `plans` one after the other on one team: (out, res) after the last.  `res`
+// starts as hidden (+ residual, when given).
+std::tuple<at::Tensor, at::Tensor> run_layers(const at::Tensor& hidden,
+                                              const c10::optional<at::Tensor>& residual,
+                                              const std::vector<LayerPlan>& plans) {
+  const int64_t B = hidden.size(0), H = hidden.size(1);
   at::Tensor res = at::empty({B, H}, hidden.options());
   at::Tensor out = at::empty({B, H}, hidden.options());
   float* rp = res.data_ptr<float>();
@@ -406,84 +574,23 @@ std::tuple<at::Tensor, at::Tensor> run_layer(const at::Tensor& hidden,
   } else {
     std::copy(hp, hp + B * H, rp);
   }
-
   thread_local Scratch scratch;
-  // The lambdas below also run on pool threads: they must reach this thread's
-  // buffers through a reference, not through the thread_local's name.
+  // The team's threads reach the caller's buffers through this reference, not
+  // through the thread_local's name (which would be each thread's own).
   Scratch& t = scratch;
-  t.x.resize(B * std::max(H, inter));
-  t.qkv.resize(B * qkv.out);
-  t.q.resize(B * qs);
-  t.k.resize(B * kvs);
-  t.attn.resize(B * qs);
-  t.o.resize(B * H);
-  t.gu.resize(B * gu.out);
-  t.h.resize(B * inter);
-  const float eps_f = static_cast<float>(st.eps);
-  const float* cs = cos_sin.data_ptr<float>();
-  const int64_t* pp = pos.data_ptr<int64_t>();
-  const int64_t max_pos = cos_sin.size(0);
-  for (int64_t b = 0; b < B; ++b)
-    TORCH_CHECK(pp[b] >= 0 && pp[b] < max_pos, "decoder_layer: position past the rotary table");
-
-  // Attention block.
-  each_token(B, [&](int64_t b) {
-    rms_norm(rp + b * H, n_in, off, eps_f, H, t.x.data() + b * H);
-  });
-  qkv(t.x.data(), B, t.qkv.data(), t.act);
-  lr.add(0, t.x.data(), B, t.qkv.data());
-  each_token(B, [&](int64_t b) {
-    const float* row = t.qkv.data() + b * qkv.out;
-    const float* cos = cs + pp[b] * rot;
-    const float* sin = cos + rot / 2;
-    for (int64_t h = 0; h < num_heads; ++h) {
-      const float* src = row + h * hd;
-      float* dst = t.q.data() + b * qs + h * hd;
-      if (qk_norm) rms_norm(src, n_q, off, eps_f, hd, dst);
-      rotate(qk_norm ? dst : src, cos, sin, rot, hd, dst);
-    }
-    for (int64_t h = 0; h < s.num_kv; ++h) {
-      const float* src = row + qs + h * hd;
-      float* dst = t.k.data() + b * kvs + h * hd;
-      if (qk_norm) rms_norm(src, n_k, off, eps_f, hd, dst);
-      rotate(qk_norm ? dst : src, cos, sin, rot, hd, dst);
+  t.reserve(plans, B);
+  run_team([&](const Team& team) {
+    for (size_t l = 0; l < plans.size(); ++l) {
+      layer_on_team(team, plans[l], t, rp, op, l > 0, B);
+      team.sync();
     }
   });
-  const float* v = t.qkv.data() + qs + kvs;
-  if (cache.scalar_type() == at::kFloat)
-    layer_attention(s, cache.data_ptr<float>(), t.q.data(), t.k.data(), v, qkv.out, sl, table, lens,
-                    t.attn.data());
-  else
-    layer_attention(s, cache.data_ptr<c10::BFloat16>(), t.q.data(), t.k.data(), v, qkv.out, sl,
-                    table, lens, t.attn.data());
-  o(t.attn.data(), B, t.o.data(), t.act);
-  lr.add(1, t.attn.data(), B, t.o.data());
-
-  // MLP block.
-  each_token(B, [&](int64_t b) {
-    float* r = rp + b * H;
-    float* a = t.o.data() + b * H;
-    if (sandwich) rms_norm(a, n_post_attn, off, eps_f, H, a);
-    for (int64_t i = 0; i < H; ++i) r[i] += a[i];
-    rms_norm(r, n_mlp, off, eps_f, H, t.x.data() + b * H);
-  });
-  gu(t.x.data(), B, t.gu.data(), t.act);
-  lr.add(2, t.x.data(), B, t.gu.data());
-  each_token(B, [&](int64_t b) {
-    const float* row = t.gu.data() + b * gu.out;
-    act_mul(row, row + inter, inter, gelu, t.h.data() + b * inter);
-  });
-  down(t.h.data(), B, op, t.act);
-  lr.add(3, t.h.data(), B, op);
-  if (sandwich || (form & kSumOutput)) {
-    each_token(B, [&](int64_t b) {
-      float* y = op + b * H;
-      if (sandwich) rms_norm(y, n_post_mlp, off, eps_f, H, y);
-      if (form & kSumOutput)
-        for (int64_t i = 0; i < H; ++i) y[i] += rp[b * H + i];
-    });
-  }
   return {out, res};
+}
+
+void check_hidden(const at::Tensor& hidden) {
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
+              "decoder_layer: hidden must be contiguous float32 [tokens, hidden]");
 }
 
 std::tuple<at::Tensor, at::Tensor> decoder_layer(
@@ -493,10 +600,13 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     const at::Tensor& seq_lens, const at::Tensor& slots, int64_t num_heads, double eps,
     double scale, int64_t window, int64_t form, const c10::optional<at::Tensor>& lora_mask,
     at::IntArrayRef lora_slices, at::TensorList lora) {
+  check_hidden(hidden);
   const LayerInputs in{norms, weights, kinds, &biases, 0, &cos_sin, cache, &block_table, &slots,
                        window};
   const StepInputs st{&positions, &seq_lens, num_heads, form, eps, scale, &lora_mask};
-  return run_layer(hidden, residual, in, st, lora_slices, lora);
+  std::vector<LayerPlan> plans;
+  plans.push_back(plan_layer(hidden.size(0), hidden.size(1), in, st, lora_slices, lora));
+  return run_layers(hidden, residual, plans);
 }
 
 // All of a model's decoder layers in one call: `decoder_layer` for each, the
@@ -511,14 +621,16 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
 // copy back one over the other.  With `kSumOutput` in `form` the
 // last layer's output carries the residual added.  With LoRA, 4 counts per layer
 // in `lora_slices` and the layers' `lora` tensors one layer after the other.  One
-// op call per step instead of one per layer.
+// op call per step instead of one per layer, and one team of threads for all
+// the layers (`run_team`).
 std::tuple<at::Tensor, at::Tensor> decoder_stack(
     const at::Tensor& hidden, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
     const Biases& biases, at::TensorList cos_sins, const at::Tensor& positions,
     at::TensorList caches, at::IntArrayRef cache_index, at::TensorList block_tables,
-    const at::Tensor& seq_lens, at::TensorList slots, at::IntArrayRef groups, int64_t num_heads, double eps, double scale,
-    at::IntArrayRef windows, int64_t form, const c10::optional<at::Tensor>& lora_mask,
-    at::IntArrayRef lora_slices, at::TensorList lora) {
+    const at::Tensor& seq_lens, at::TensorList slots, at::IntArrayRef groups, int64_t num_heads,
+    double eps, double scale, at::IntArrayRef windows, int64_t form,
+    const c10::optional<at::Tensor>& lora_mask, at::IntArrayRef lora_slices, at::TensorList lora) {
+  check_hidden(hidden);
   const size_t layers = cache_index.size();
   const size_t per = static_cast<size_t>(norm_count(form));
   TORCH_CHECK(layers > 0 && norms.size() == per * layers && weights.size() == 8 * layers &&
@@ -530,7 +642,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
   TORCH_CHECK(block_tables.size() == slots.size(), "decoder_stack: a block table and slots per group");
   TORCH_CHECK(lora.empty() || lora_slices.size() == 4 * layers,
               "decoder_stack: 4 lora_slices per layer");
-  std::tuple<at::Tensor, at::Tensor> state{hidden, at::Tensor()};
+  std::vector<LayerPlan> plans;
+  plans.reserve(layers);
   size_t next = 0;
   for (size_t l = 0; l < layers; ++l) {
     const int64_t g = groups[l], c = cache_index[l];
@@ -538,7 +651,6 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
                 "decoder_stack: a layer's KV cache index is out of range");
     TORCH_CHECK(g >= 0 && g < static_cast<int64_t>(block_tables.size()),
                 "decoder_stack: a layer's KV cache group has no block table");
-    const at::Tensor& res = std::get<1>(state);
     at::IntArrayRef counts = lora.empty() ? at::IntArrayRef() : lora_slices.slice(4 * l, 4);
     const size_t n = lora.empty() ? 0 : static_cast<size_t>(lora_tensors(counts));
     TORCH_CHECK(next + n <= lora.size(), "decoder_stack: too few lora tensors");
@@ -547,12 +659,11 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
                          windows[l]};
     const int64_t layer_form = l + 1 == layers ? form : form & ~kSumOutput;
     const StepInputs st{&positions, &seq_lens, num_heads, layer_form, eps, scale, &lora_mask};
-    state = run_layer(std::get<0>(state),
-                      res.defined() ? c10::optional<at::Tensor>(res) : c10::nullopt, in, st, counts,
-                      lora.slice(next, n));
+    plans.push_back(
+        plan_layer(hidden.size(0), hidden.size(1), in, st, counts, lora.slice(next, n)));
     next += n;
   }
-  return state;
+  return run_layers(hidden, c10::nullopt, plans);
 }
 
 }  // namespace

@@ -2,8 +2,10 @@
 
 The sources (``lowbit_cpu.cpp``: low-bit GEMMs; ``decode_attention_cpu.cpp``: the
 decode graph's paged attention; ``decode_layer_cpu.cpp``: its fused decoder
-layer; ``block_cache_cpu.cpp``: the CPU block cache; the kernels themselves in the
-two headers) are compiled into one library
+layer; ``block_cache_cpu.cpp``: the CPU block cache; ``encoder_attention_cpu.cpp``:
+encoder-only attention; ``logits_cpu.cpp``: top-k candidates and greedy tokens over
+the logits; the GEMM and attention kernels and the thread team in the headers) are
+compiled into one library
 once per machine, torch version and source text with the system C++ compiler
 (the one torch.compile's CPU backend already needs) into
 ``<cache root>/kernels``, then loaded with ``torch.ops.load_library``; later
@@ -64,9 +66,13 @@ SOURCES = tuple(
         "decode_layer_cpu.cpp",
         "block_cache_cpu.cpp",
         "encoder_attention_cpu.cpp",
+        "logits_cpu.cpp",
     )
 )
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("lowbit_kernels.h", "attention_kernels.h"))
+HEADERS = tuple(
+    Path(__file__).with_name(n)
+    for n in ("lowbit_kernels.h", "attention_kernels.h", "thread_team.h")
+)
 ROW_TILE = 16
 """Output rows per q4 tile (the kernels' register width in int32 lanes)."""
 Q4_GROUP = 32
@@ -166,6 +172,15 @@ def _register_fakes() -> None:
     torch.library.register_fake("minivllm_cpu::decoder_layer", layer_fake)
     torch.library.register_fake("minivllm_cpu::decoder_stack", layer_fake)
 
+    def top_fake(logits: torch.Tensor, k: int) -> torch.Tensor:
+        return logits.new_empty(logits.shape[0], k, dtype=torch.long)
+
+    def greedy_fake(logits: torch.Tensor, invalid: int, none_allowed: int) -> torch.Tensor:
+        return logits.new_empty(logits.shape[0], dtype=torch.long)
+
+    torch.library.register_fake("minivllm_cpu::top_logit_indices", top_fake)
+    torch.library.register_fake("minivllm_cpu::greedy_tokens", greedy_fake)
+
 
 def start_building() -> None:
     """Begin building the library in the background if this machine has none yet.
@@ -226,10 +241,20 @@ def available() -> bool:
             logger.warning(
                 "minivllm's CPU low-bit kernels are unavailable (%s); using torch's "
                 "int4/int8 kernels instead (slower at small batches).",
-                str(e).splitlines()[0] if str(e) else type(e).__name__,
+                _first_error(e),
             )
         _state["ok"] = ok
         return ok
+
+
+def _first_error(e: Exception) -> str:
+    """What to tell of a failed build or load: the message, with the compiler's first
+    ``error:`` line when there is one (its output follows the message's first line)."""
+    lines = str(e).splitlines()
+    if not lines:
+        return type(e).__name__
+    first_error = next((line.strip() for line in lines[1:] if "error" in line), None)
+    return f"{lines[0]} {first_error}" if first_error else lines[0]
 
 
 def install_block_cache(limit_bytes: int) -> bool:

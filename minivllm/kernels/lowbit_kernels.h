@@ -136,30 +136,53 @@ GroupStats quantize_group(const float* src, int64_t n, int8_t* dst, int64_t isa)
 // 1/127 of one int8 quantization's error (one term alone lost ~7% top-1
 // agreement on the default model: a few large inputs set each group's scale).
 // The second row's sums are 0, so the q4 mins count the exact sum once.
+
+// Sizes `r` for M tokens of K inputs (groups of 32 or more); `quantize_row` then
+// writes into it without allocating, so threads may fill different rows at once.
+void reserve_rows(QuantizedRows& r, int64_t M, int64_t K) {
+  const int64_t most = 2 * M * (K / kQ4Group);
+  if (static_cast<int64_t>(r.q.size()) < 2 * M * K) r.q.resize(2 * M * K);
+  if (static_cast<int64_t>(r.scale.size()) < most) {
+    r.scale.resize(most);
+    r.sum.resize(most);
+    r.qsum.resize(most);
+  }
+  if (static_cast<int64_t>(r.fix.size()) < 2 * M) r.fix.resize(2 * M);
+}
+
+// Token m (its K inputs at x) into rows 2 m and 2 m + 1 of `r` (reserved for at
+// least m + 1 tokens of K inputs), laid out for K and `group`; also the q8
+// kernels' per-row correction `fix` (128 * sum over groups of scale * code sum).
+void quantize_row(const float* x, int64_t m, int64_t K, int64_t group, int64_t isa,
+                  QuantizedRows& r) {
+  const int64_t groups = K / group;
+  float rest[kQ8Group];  // group <= 64
+  float fix_hi = 0.f, fix_lo = 0.f;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* src = x + g * group;
+    int8_t* hi = r.q.data() + 2 * m * K + g * group;
+    int8_t* lo = hi + K;
+    const GroupStats a = quantize_group(src, group, hi, isa);
+    for (int64_t i = 0; i < group; ++i) rest[i] = src[i] - hi[i] * a.scale;
+    const GroupStats b = quantize_group(rest, group, lo, isa);
+    const int64_t i = 2 * m * groups + g;
+    r.scale[i] = a.scale;
+    r.sum[i] = a.sum;
+    r.qsum[i] = a.qsum;
+    r.scale[i + groups] = b.scale;
+    r.sum[i + groups] = 0.f;
+    r.qsum[i + groups] = b.qsum;
+    fix_hi += 128.f * a.scale * a.qsum;
+    fix_lo += 128.f * b.scale * b.qsum;
+  }
+  r.fix[2 * m] = fix_hi;
+  r.fix[2 * m + 1] = fix_lo;
+}
+
 void quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, int64_t isa,
                    QuantizedRows& r) {
-  const int64_t groups = K / group;
-  r.q.resize(2 * M * K);
-  r.scale.assign(2 * M * groups, 0.f);
-  r.sum.assign(2 * M * groups, 0.f);
-  r.qsum.assign(2 * M * groups, 0);
-  float rest[kQ8Group];  // group <= 64
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* src = x + m * K + g * group;
-      int8_t* hi = r.q.data() + 2 * m * K + g * group;
-      int8_t* lo = hi + K;
-      const GroupStats a = quantize_group(src, group, hi, isa);
-      for (int64_t i = 0; i < group; ++i) rest[i] = src[i] - hi[i] * a.scale;
-      const GroupStats b = quantize_group(rest, group, lo, isa);
-      const int64_t i = 2 * m * groups + g;
-      r.scale[i] = a.scale;
-      r.sum[i] = a.sum;
-      r.qsum[i] = a.qsum;
-      r.scale[i + groups] = b.scale;
-      r.qsum[i + groups] = b.qsum;
-    }
-  }
+  reserve_rows(r, M, K);
+  for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, m, K, group, isa, r);
 }
 
 // The kernels below walk the 2 M rows of `QuantizedRows` and write token
@@ -449,44 +472,53 @@ void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
 #endif
 
 // ---------------------------------------------------------------------------
-// Whole GEMMs on raw pointers (the ops and the fused decoder layer call these).
-// `a` is scratch for the quantized activations, reused across calls.
+// GEMMs on raw pointers (the ops and the fused decoder layer call these).
+// `a` holds the quantized activations (`quantize_rows`); a range of the output's
+// columns at a time, so a caller's own threads can share one GEMM.
 
-// out[M, N] = x[M, K] @ W.T for a q4-tiled weight (K a multiple of 32, N of 16).
+// Tiles [t0, t1) (columns [16 t0, 16 t1)) of out[M, N] = x[M, K] @ W.T for a
+// q4-tiled weight (K a multiple of 32, N of 16).
+void q4_tiles(const uint8_t* w, const c10::Half* sm, const QuantizedRows& a, int64_t M, int64_t K,
+              int64_t N, float* out, int64_t t0, int64_t t1, int64_t isa) {
+  const Q4Args p{w, sm, &a, out, 2 * M, K, N};
+  for (int64_t t = t0; t < t1; ++t) {
+#if defined(__x86_64__)
+    if (isa == kAvx512) { q4_tile_avx512(p, t); continue; }
+    if (isa == kAvx2) { q4_tile_avx2(p, t); continue; }
+#endif
+    q4_tile_portable(p, t);
+  }
+}
+
+// Columns [r0, r1) of out[M, N] = x[M, K] @ (W * row_scale[:, None]).T for row-major
+// int8 W [N, K] (K a multiple of 64).
+void q8_rows(const int8_t* w, const float* row_scale, const QuantizedRows& a, int64_t M,
+             int64_t K, int64_t N, float* out, int64_t r0, int64_t r1, int64_t isa) {
+  const Q8Args p{w, row_scale, &a, out, 2 * M, K, N, a.fix.data()};
+#if defined(__x86_64__)
+  if (isa == kAvx512) return q8_rows_avx512(p, r0, r1);
+  if (isa == kAvx2) return q8_rows_avx2(p, r0, r1);
+#endif
+  q8_rows_portable(p, r0, r1);
+}
+
+// The whole q4 GEMM, on ATen's threads.
 void q4_gemm_raw(const float* x, int64_t M, int64_t K, const uint8_t* w, const c10::Half* sm,
                  int64_t N, float* out, QuantizedRows& a) {
   const int64_t isa = minivllm_cpu::active_isa();
   quantize_rows(x, M, K, kQ4Group, isa, a);
-  const Q4Args p{w, sm, &a, out, 2 * M, K, N};
   at::parallel_for(0, N / kRowTile, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-#if defined(__x86_64__)
-      if (isa == kAvx512) { q4_tile_avx512(p, t); continue; }
-      if (isa == kAvx2) { q4_tile_avx2(p, t); continue; }
-#endif
-      q4_tile_portable(p, t);
-    }
+    q4_tiles(w, sm, a, M, K, N, out, t0, t1, isa);
   });
 }
 
-// out[M, N] = x[M, K] @ (W * row_scale[:, None]).T for row-major int8 W [N, K]
-// (K a multiple of 64).
+// The whole q8 GEMM, on ATen's threads.
 void q8_gemm_raw(const float* x, int64_t M, int64_t K, const int8_t* w, const float* row_scale,
                  int64_t N, float* out, QuantizedRows& a) {
   const int64_t isa = minivllm_cpu::active_isa();
   quantize_rows(x, M, K, kQ8Group, isa, a);
-  const int64_t groups = K / kQ8Group;
-  a.fix.assign(2 * M, 0.f);
-  for (int64_t m = 0; m < 2 * M; ++m)
-    for (int64_t g = 0; g < groups; ++g)
-      a.fix[m] += 128.f * a.scale[m * groups + g] * a.qsum[m * groups + g];
-  const Q8Args p{w, row_scale, &a, out, 2 * M, K, N, a.fix.data()};
   at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
-#if defined(__x86_64__)
-    if (isa == kAvx512) return q8_rows_avx512(p, r0, r1);
-    if (isa == kAvx2) return q8_rows_avx2(p, r0, r1);
-#endif
-    q8_rows_portable(p, r0, r1);
+    q8_rows(w, row_scale, a, M, K, N, out, r0, r1, isa);
   });
 }
 

@@ -1,10 +1,13 @@
 // Row scans over the logits of a step (minivllm's own): the top-k candidates the
-// low-bit LM head's refinement recomputes, and the greedy token with the sampler's
-// checks for rows that have no distribution.
+// low-bit LM head's refinement recomputes, the greedy token with the sampler's
+// checks for rows that have no distribution, and a draw from softmax(logits / T)
+// for rows sampled with a temperature alone.
 //
 // Over a 49k-262k vocabulary torch's CPU `argmax` and `topk` run one row on one
 // thread with scalar compares (~70-80 us a row of 49k floats); each row here is
 // one or two vectorised passes that stay in L2, and rows go to ATen's threads.
+
+#include "attention_kernels.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -25,13 +28,62 @@ constexpr int64_t kChunk = 64;  // values per chunk whose maximum ranks it
 // Ranking key: NaN above everything (as torch.topk orders it), so the order is strict.
 inline float key(float v) { return std::isnan(v) ? std::numeric_limits<float>::infinity() : v; }
 
-// Maximum of n values; NaN ranks as +inf.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-float chunk_max(const float* x, int64_t n) {
+// The maximum of x [n] and whether x has a NaN (`nan`), and the first index of a
+// value equal to `v` (-1: none): AVX-512 where the CPU has it (the compiler keeps
+// these reductions scalar: 7 ms for 32 rows of 262k values instead of 0.8).
+#if defined(__x86_64__)
+MINIVLLM_AVX512 float row_max_avx512(const float* x, int64_t n, bool& nan) {
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 bad = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    bad |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+    mx = _mm512_mask_max_ps(mx, m, mx, v);
+  }
+  nan = bad != 0;
+  return _mm512_reduce_max_ps(mx);
+}
+
+MINIVLLM_AVX512 int64_t first_equal_avx512(const float* x, int64_t n, float v) {
+  const __m512 target = _mm512_set1_ps(v);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, x + i), target,
+                                                  _CMP_EQ_OQ);
+    if (hit) return i + __builtin_ctz(hit);
+  }
+  return -1;
+}
+#endif
+
+float row_max(const float* x, int64_t n, bool& nan) {
+#if defined(__x86_64__)
+  if (kHasAvx512) return row_max_avx512(x, n, nan);
+#endif
   float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, key(x[i]));
+  nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    nan |= std::isnan(x[i]);
+    m = std::max(m, x[i]);
+  }
   return m;
+}
+
+int64_t first_equal(const float* x, int64_t n, float v) {
+#if defined(__x86_64__)
+  if (kHasAvx512) return first_equal_avx512(x, n, v);
+#endif
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] == v) return i;
+  return -1;
+}
+
+// The largest of a chunk's values, NaN ranking as +inf.
+float chunk_max(const float* x) {
+  bool nan = false;
+  const float m = row_max(x, kChunk, nan);
+  return nan ? std::numeric_limits<float>::infinity() : m;
 }
 
 // Column indices of the k largest values of x [V] (unordered) into out [k].  The k
@@ -46,7 +98,7 @@ void top_row(const float* x, int64_t V, int64_t k, int64_t* out) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
   if (chunks > k) {
-    for (int64_t c = 0; c < chunks; ++c) ranked.emplace_back(chunk_max(x + c * kChunk, kChunk), c);
+    for (int64_t c = 0; c < chunks; ++c) ranked.emplace_back(chunk_max(x + c * kChunk), c);
     std::nth_element(ranked.begin(), ranked.begin() + (k - 1), ranked.end(), larger);
     thread_local std::vector<int64_t> picked;
     picked.clear();
@@ -79,30 +131,13 @@ at::Tensor top_logit_indices(const at::Tensor& logits, int64_t k) {
 
 // Greedy token of one row: the first index of its maximum; `invalid` when the row
 // has a NaN or +inf (no distribution), `none_allowed` when every value is -inf.
-__attribute__((target_clones("avx512f", "avx2", "default")))
 int64_t greedy_row(const float* x, int64_t V, int64_t invalid, int64_t none_allowed) {
-  float m = -std::numeric_limits<float>::infinity();
-  int nan = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan)
-  for (int64_t i = 0; i < V; ++i) {
-    nan |= x[i] != x[i];
-    m = std::max(m, x[i]);
-  }
+  bool nan = false;
+  const float m = row_max(x, V, nan);
   if (nan || m == std::numeric_limits<float>::infinity()) return invalid;
   if (m == -std::numeric_limits<float>::infinity()) return none_allowed;
-  // First index of the maximum: whole blocks compared without branches, then the
-  // block that holds it.
-  constexpr int64_t kBlock = 256;
-  int64_t start = 0;
-  for (; start + kBlock <= V; start += kBlock) {
-    int hit = 0;
-#pragma omp simd reduction(| : hit)
-    for (int64_t i = start; i < start + kBlock; ++i) hit |= x[i] == m;
-    if (hit) break;
-  }
-  for (int64_t i = start; i < V; ++i)
-    if (x[i] == m) return i;
-  return invalid;  // unreachable: m is one of the values
+  const int64_t i = first_equal(x, V, m);
+  return i >= 0 ? i : invalid;  // always found: m is one of the values
 }
 
 at::Tensor greedy_tokens(const at::Tensor& logits, int64_t invalid, int64_t none_allowed) {
@@ -119,14 +154,124 @@ at::Tensor greedy_tokens(const at::Tensor& logits, int64_t invalid, int64_t none
   return out;
 }
 
+constexpr int64_t kCdfBlock = 1024;  // tokens per block of the two-level CDF (sampler.CDF_CHUNK)
+
+#if defined(__x86_64__)
+MINIVLLM_AVX512 float exp_block_avx512(const float* x, float inv_t, float top, int64_t n,
+                                       float* e) {
+  const __m512 it = _mm512_set1_ps(inv_t), tp = _mm512_set1_ps(top);
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __mmask16 live = m & _mm512_cmp_ps_mask(v, ninf, _CMP_NEQ_OQ);
+    const __m512 ex = _mm512_maskz_mov_ps(live, exp_nonpositive(_mm512_fmsub_ps(v, it, tp)));
+    sum = _mm512_add_ps(sum, ex);
+    _mm512_mask_storeu_ps(e + i, m, ex);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+#endif
+
+// exp(x - top) for x <= top, 0 for x = -inf, over n values into e; their float32 sum.
+float exp_block(const float* x, float inv_t, float top, int64_t n, float* e) {
+#if defined(__x86_64__)
+  if (kHasAvx512) return exp_block_avx512(x, inv_t, top, n, e);
+#endif
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    e[i] = x[i] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(x[i] * inv_t - top);
+    sum += e[i];
+  }
+  return sum;
+}
+
+// One draw from row x [V] at temperature t with uniform u (see `sample_rows`).
+int64_t sample_row(const float* x, int64_t V, float t, double u, int64_t invalid,
+                   int64_t none_allowed) {
+  bool nan = false;
+  const float m = row_max(x, V, nan);
+  if (nan || m == std::numeric_limits<float>::infinity()) return invalid;
+  if (m == -std::numeric_limits<float>::infinity()) return none_allowed;
+  const float inv_t = 1.f / t, top = m * inv_t;
+  const int64_t blocks = (V + kCdfBlock - 1) / kCdfBlock;
+  thread_local std::vector<double> cumulative;
+  thread_local std::vector<float> e;
+  cumulative.resize(blocks);
+  e.resize(kCdfBlock);
+  double total = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t n = std::min(kCdfBlock, V - b * kCdfBlock);
+    total += exp_block(x + b * kCdfBlock, inv_t, top, n, e.data());
+    cumulative[b] = total;
+  }
+  if (!(total > 0.0) || !std::isfinite(total)) return invalid;
+  const double target = u * total;
+  // The first block whose cumulative sum passes the target, then the first token in it.
+  const int64_t b = std::min<int64_t>(
+      std::upper_bound(cumulative.begin(), cumulative.end(), target) - cumulative.begin(),
+      blocks - 1);
+  const int64_t start = b * kCdfBlock, n = std::min(kCdfBlock, V - start);
+  exp_block(x + start, inv_t, top, n, e.data());
+  double cdf = b > 0 ? cumulative[b - 1] : 0.0;
+  int64_t last = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (e[i] > 0.f) last = i;
+    cdf += e[i];
+    if (cdf > target) return start + i;
+  }
+  // Past the block's end (its float32 sum rounded above the float64 CDF): its last
+  // token of positive probability.
+  return last >= 0 ? start + last : invalid;
+}
+
+// Row rows[i] of `logits` drawn from softmax(logits / temperature[i]) by inverting
+// its CDF at u[i] * total, as the sampler's `random_sample` does (a two-level CDF:
+// float32 sums of 1024-token blocks accumulated in float64, then float64 within
+// the picked block), without writing the scaled logits or the probabilities: two
+// passes a row, one exp per token.  A token at -inf is never drawn; rows with a NaN
+// or +inf get `invalid`, rows at -inf everywhere `none_allowed`.
+at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& rows,
+                       const at::Tensor& temperature, const at::Tensor& u, int64_t invalid,
+                       int64_t none_allowed) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.size(1) > 0 &&
+                  logits.stride(1) == 1,
+              "sample_rows: logits must be float32 [rows, vocab] with contiguous rows");
+  const at::Tensor r = rows.to(at::kLong).contiguous();
+  const at::Tensor t = temperature.to(at::kFloat).contiguous();
+  const at::Tensor uu = u.to(at::kDouble).contiguous();
+  const int64_t n = r.numel(), V = logits.size(1), stride = logits.stride(0);
+  TORCH_CHECK(t.numel() == n && uu.numel() == n,
+              "sample_rows: one temperature and one uniform number per row");
+  const int64_t* rp = r.data_ptr<int64_t>();
+  const float* tp = t.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(rp[i] >= 0 && rp[i] < logits.size(0) && tp[i] > 0.f,
+                "sample_rows: rows must be in range and temperatures positive");
+  at::Tensor out = at::empty({n}, r.options());
+  const float* xp = logits.data_ptr<float>();
+  const double* up = uu.data_ptr<double>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, n, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      op[i] = sample_row(xp + rp[i] * stride, V, tp[i], up[i], invalid, none_allowed);
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
   m.def("top_logit_indices(Tensor logits, int k) -> Tensor");
   m.def("greedy_tokens(Tensor logits, int invalid, int none_allowed) -> Tensor");
+  m.def(
+      "sample_rows(Tensor logits, Tensor rows, Tensor temperature, Tensor u, int invalid, "
+      "int none_allowed) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {
   m.impl("top_logit_indices", top_logit_indices);
   m.impl("greedy_tokens", greedy_tokens);
+  m.impl("sample_rows", sample_rows);
 }

@@ -25,6 +25,8 @@ Ops (all CPU, float32 out):
 - ``q4_dequantize(qweight, scales, K, dtype)``: the dense weight of a tiled one;
 - ``int8_mm_scale(acc, hi, lo, scale)``: the float32 rows of an int8 x int8 product
   made for two activation terms (`quantized_linear.int8_act_mm`), in one pass;
+- ``top_logit_indices(logits, k)`` and ``greedy_tokens(logits, invalid, none)``:
+  the LM head refinement's candidates and the sampler's greedy tokens;
 - ``lowbit_isa(force)``: the code path in use (0 portable C++, 1 AVX2,
   2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests);
 - ``decode_attention(query, key, value, cache, block_table, seq_lens, slots,

@@ -27,6 +27,7 @@ straight to the argmax of the logits as given: no float32 copy, no other pass.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -228,14 +229,20 @@ class Sampler(nn.Module):
         if meta.max_num_logprobs is not None:
             raw_logprobs = compute_logprobs(logits)
 
-        # Everything below edits the logits in place, so work on a float32 copy.
-        logits = logits.to(torch.float32, copy=True)
-        logits = self.apply_constraints(logits, meta)
-        if not meta.no_penalties:
-            logits = apply_penalties(logits, meta)
-        # Checked before sample() edits the logits: greedy rows take their argmax there.
-        checked = logits.amax(dim=-1, keepdim=True)
-        sampled = mark_invalid(self.sample(logits, meta), checked)
+        kernel_rows = _kernel_rows(logits, meta)
+        edits = self.has_constraints(meta) or not meta.no_penalties
+        if edits or kernel_rows is None or _torch_rows(meta, kernel_rows).numel():
+            # What follows edits the logits in place, so work on a float32 copy.
+            logits = logits.to(torch.float32, copy=True)
+            logits = self.apply_constraints(logits, meta)
+            if not meta.no_penalties:
+                logits = apply_penalties(logits, meta)
+        if kernel_rows is not None:
+            sampled = self.sample_with_kernels(logits, meta, kernel_rows)
+        else:
+            # Checked before sample() edits the logits: greedy rows take their argmax there.
+            checked = logits.amax(dim=-1, keepdim=True)
+            sampled = mark_invalid(self.sample(logits, meta), checked)
 
         logprobs = None
         if raw_logprobs is not None:
@@ -244,6 +251,15 @@ class Sampler(nn.Module):
             chosen = sampled.clamp(min=0)
             logprobs = gather_logprobs(raw_logprobs, meta.max_num_logprobs, chosen)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    @staticmethod
+    def has_constraints(meta: SamplingMetadata) -> bool:
+        """Whether `apply_constraints` changes anything."""
+        return (
+            meta.disallowed_mask is not None
+            or meta.min_tokens_mask is not None
+            or meta.logit_bias is not None
+        )
 
     @staticmethod
     def apply_constraints(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -275,3 +291,100 @@ class Sampler(nn.Module):
             return sampled
         assert meta.random_rows is not None
         return torch.where(meta.random_rows, sampled, greedy)
+
+    @classmethod
+    def sample_with_kernels(
+        cls, logits: torch.Tensor, meta: SamplingMetadata, kernel_rows: torch.Tensor
+    ) -> torch.Tensor:
+        """`sample` and `mark_invalid` with minivllm's CPU kernels: greedy rows and rows
+        sampled at a temperature alone (``kernel_rows``) are each one C++ pass over
+        their logits, read in place (at 32 rows of Gemma 3's 262k vocabulary, torch's
+        copy, division, softmax and CDF passes took ~15 ms a step); rows that also use
+        top-k, top-p or min-p take `sample` on a copy of their rows.  Which path a row
+        takes depends on its own parameters only, never on the rest of the batch."""
+        tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+        if not meta.all_random:
+            assert meta.random_rows is not None  # a mixed batch (all-greedy ones go elsewhere)
+            greedy = (~meta.random_rows).nonzero().view(-1)
+            tokens[greedy] = greedy_tokens(logits.index_select(0, greedy))
+        assert meta.temperature is not None
+        fast = kernel_rows.nonzero().view(-1)
+        if fast.numel():
+            u = _uniforms(fast, meta.generators, logits.device)
+            tokens[fast] = torch.ops.minivllm_cpu.sample_rows(
+                logits, fast, meta.temperature[fast], u, INVALID_TOKEN_ID, NO_ALLOWED_TOKEN_ID
+            )
+        rest = _torch_rows(meta, kernel_rows)
+        if rest.numel():
+            tokens[rest] = cls._sample_subset(logits, meta, rest)
+        return tokens
+
+    @classmethod
+    def _sample_subset(
+        cls, logits: torch.Tensor, meta: SamplingMetadata, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """`sample` on the random rows ``rows`` alone (their generators renumbered)."""
+        assert meta.temperature is not None
+        picked = rows.tolist()
+        sub = logits.index_select(0, rows)
+        checked = sub.amax(dim=-1, keepdim=True)
+        sub_meta = dataclasses.replace(
+            meta,
+            temperature=meta.temperature[rows],
+            all_greedy=False,
+            all_random=True,
+            random_rows=None,
+            top_p=None if meta.top_p is None else meta.top_p[rows],
+            top_k=None if meta.top_k is None else meta.top_k[rows],
+            min_p=None if meta.min_p is None else meta.min_p[rows],
+            generators={
+                i: meta.generators[r] for i, r in enumerate(picked) if r in meta.generators
+            },
+        )
+        return mark_invalid(cls.sample(sub, sub_meta), checked)
+
+
+def _kernel_rows(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor | None:
+    """[rows] bool: the random rows `Sampler.sample_with_kernels` draws in C++ (a
+    temperature and nothing of top-k, top-p and min-p); None when the kernels do not
+    apply here (not float32 on CPU, or not built) or every row is greedy."""
+    if meta.all_greedy or meta.temperature is None:
+        return None
+    if logits.device.type != "cpu" or logits.dtype != torch.float32:
+        return None
+    if not lowbit_cpu.available():
+        return None
+    vocab = logits.shape[-1]
+    plain = torch.ones(logits.shape[0], dtype=torch.bool)
+    if meta.random_rows is not None:
+        plain &= meta.random_rows
+    if meta.top_k is not None:
+        plain &= meta.top_k >= vocab
+    if meta.top_p is not None:
+        plain &= meta.top_p >= 1.0
+    if meta.min_p is not None:
+        plain &= meta.min_p <= 0.0
+    return plain
+
+
+def _torch_rows(meta: SamplingMetadata, kernel_rows: torch.Tensor) -> torch.Tensor:
+    """Indices of the random rows that `Sampler.sample_with_kernels` leaves to torch."""
+    random_rows = meta.random_rows
+    if random_rows is None:
+        random_rows = torch.full_like(kernel_rows, meta.all_random)
+    return (random_rows & ~kernel_rows).nonzero().view(-1)
+
+
+def _uniforms(
+    rows: torch.Tensor, generators: dict[int, torch.Generator], device: torch.device | str
+) -> torch.Tensor:
+    """One float64 uniform number per row of ``rows``, a seeded row's from its own
+    generator (as `random_sample` draws them)."""
+    u = torch.empty(rows.numel(), dtype=torch.float64, device=device)
+    picked = rows.tolist()
+    if any(r not in generators for r in picked):
+        u.uniform_()
+    for i, r in enumerate(picked):
+        if r in generators:
+            u[i] = draw_uniform(generators[r], device)
+    return u

@@ -97,3 +97,70 @@ def test_bad_inputs_are_refused() -> None:
         torch.ops.minivllm_cpu.greedy_tokens(torch.zeros(2, 5, dtype=torch.float64), -1, -2)
     with pytest.raises(RuntimeError, match="k must be"):
         torch.ops.minivllm_cpu.top_logit_indices(torch.zeros(2, 5), 6)
+
+
+def _cdf_token(logits: torch.Tensor, t: float, u: float) -> int:
+    """The float64 inversion the kernel approximates: the first token whose cumulative
+    probability of softmax(logits / t) passes u."""
+    p = torch.softmax(logits.double() / t, dim=-1)
+    return int(torch.searchsorted(p.cumsum(-1), torch.tensor([u], dtype=torch.float64), right=True))
+
+
+@pytest.mark.parametrize("vocab", [3000, 50])  # several CDF blocks with a tail; one block
+@pytest.mark.parametrize("t", [1.0, 0.7])
+def test_sample_rows_inverts_the_softmax_cdf(vocab: int, t: float) -> None:
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(1, vocab, generator=gen) * 3
+    us = torch.linspace(0.0005, 0.9995, 400, dtype=torch.float64)
+    rows = torch.zeros(400, dtype=torch.long)
+    got = torch.ops.minivllm_cpu.sample_rows(
+        logits, rows, torch.full((400,), t), us, INVALID_TOKEN_ID, NO_ALLOWED_TOKEN_ID
+    )
+    want = [_cdf_token(logits[0], t, float(u)) for u in us]
+    # Only a u within rounding of a token boundary may land on the neighbour.
+    assert sum(g != w for g, w in zip(got.tolist(), want, strict=True)) <= 2
+
+
+def test_sample_rows_never_draws_a_masked_token_and_marks_bad_rows() -> None:
+    logits = torch.full((5, 4096), -INF)
+    logits[0, 17] = logits[0, 4000] = 0.0  # two tokens left, far apart
+    logits[1, :] = 1.0
+    logits[1, 2048] = float("nan")
+    logits[2, 3] = INF
+    logits[4, 4095] = -200.0  # the only finite value, tiny once exponentiated elsewhere
+    rows = torch.tensor([0, 0, 0, 1, 2, 3, 4])
+    u = torch.tensor([0.0, 0.49, 0.999999, 0.5, 0.5, 0.5, 0.9], dtype=torch.float64)
+    got = torch.ops.minivllm_cpu.sample_rows(
+        logits, rows, torch.ones(7), u, INVALID_TOKEN_ID, NO_ALLOWED_TOKEN_ID
+    ).tolist()
+    assert got[:3] == [17, 17, 4000]
+    assert got[3:] == [INVALID_TOKEN_ID, INVALID_TOKEN_ID, NO_ALLOWED_TOKEN_ID, 4095]
+
+
+def test_kernel_sampler_draws_the_distribution_of_the_torch_path() -> None:
+    """Rows at a temperature alone go through the kernel, a top-k row through torch;
+    draws from both match the softmax they sample from."""
+    from minivllm.sample.metadata import SamplingMetadata
+    from minivllm.sample.sampler import Sampler
+
+    vocab, draws = 1500, 4000
+    logits = torch.zeros(1, vocab)
+    logits[0, :4] = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    logits[0, 4:] = -INF
+    batch = logits.expand(draws, vocab).contiguous()
+    temperature = torch.full((draws,), 0.8)
+    top_k = torch.full((draws,), vocab, dtype=torch.long)
+    top_k[draws // 2 :] = 3  # half the rows keep their 3 best tokens: the torch path
+    meta = SamplingMetadata(
+        temperature=temperature, all_greedy=False, all_random=True, random_rows=None,
+        top_p=None, top_k=top_k, min_p=None, generators={}, max_num_logprobs=None,
+        num_logprobs=[None] * draws,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    tokens = Sampler()(batch, meta).sampled_token_ids
+    p = torch.softmax(logits[0, :4] / 0.8, dim=-1)
+    plain = torch.bincount(tokens[: draws // 2], minlength=4)[:4].float() / (draws // 2)
+    assert torch.allclose(plain, p, atol=0.03)
+    p3 = torch.softmax(logits[0, :3] / 0.8, dim=-1)
+    topk = torch.bincount(tokens[draws // 2 :], minlength=4)[:4].float() / (draws // 2)
+    assert topk[3] == 0 and torch.allclose(topk[:3], p3, atol=0.03)

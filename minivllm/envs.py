@@ -95,6 +95,12 @@ def cpu_kernels() -> bool:
     return os.environ.get("MINIVLLM_CPU_KERNELS", "1") != "0"
 
 
+def cpu_amx() -> bool:
+    """``MINIVLLM_CPU_AMX`` (default on): 0 keeps minivllm's q4 GEMMs of 8 tokens or
+    more on AVX-512 VNNI even where the CPU has AMX tiles."""
+    return os.environ.get("MINIVLLM_CPU_AMX", "1") != "0"
+
+
 def cxx_compiler() -> str | None:
     """``CXX``: the C++ compiler that builds the CPU ops (default: g++ or c++ on PATH)."""
     return os.environ.get("CXX") or None

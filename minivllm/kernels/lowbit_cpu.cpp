@@ -127,6 +127,13 @@ int64_t lowbit_isa(int64_t force) {
   return g_isa;
 }
 
+// Whether q4 GEMMs of 8 tokens or more run on AMX tiles: `force` 0 turns that off,
+// 1 on (where the CPU has AMX), < 0 keeps it.  Returns the setting now in use.
+int64_t lowbit_amx(int64_t force) {
+  if (force >= 0) g_amx_on.store(force > 0 && kHasAmx);
+  return g_amx_on.load() ? 1 : 0;
+}
+
 }  // namespace
 
 int64_t minivllm_cpu::active_isa() { return g_isa; }
@@ -137,6 +144,7 @@ TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("q4_dequantize(Tensor qweight, Tensor scales, int inputs, ScalarType dtype) -> Tensor");
   m.def("int8_mm_scale(Tensor acc, Tensor hi, Tensor lo, Tensor scale) -> Tensor");
   m.def("lowbit_isa(int force) -> int", lowbit_isa);
+  m.def("lowbit_amx(int force) -> int", lowbit_amx);
 }
 
 TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {

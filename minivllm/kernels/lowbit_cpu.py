@@ -28,7 +28,8 @@ Ops (all CPU, float32 out):
 - ``top_logit_indices(logits, k)`` and ``greedy_tokens(logits, invalid, none)``:
   the LM head refinement's candidates and the sampler's greedy tokens;
 - ``lowbit_isa(force)``: the code path in use (0 portable C++, 1 AVX2,
-  2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests);
+  2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests); ``lowbit_amx(force)``:
+  whether q4 GEMMs of 8 tokens or more run on AMX tiles (CPUs that have them);
 - ``decode_attention(query, key, value, cache, block_table, seq_lens, slots,
   scale, window)``: writes one decode step's K/V into the paged ``cache`` in
   place and returns the step's attention (`minivllm.attention.decode_graph`);
@@ -73,7 +74,7 @@ SOURCES = tuple(
 )
 HEADERS = tuple(
     Path(__file__).with_name(n)
-    for n in ("lowbit_kernels.h", "attention_kernels.h", "thread_team.h")
+    for n in ("lowbit_kernels.h", "amx_kernels.h", "attention_kernels.h", "thread_team.h")
 )
 ROW_TILE = 16
 """Output rows per q4 tile (the kernels' register width in int32 lanes)."""
@@ -238,6 +239,8 @@ def available() -> bool:
             _wait_for_build(path)
             torch.ops.load_library(str(path))
             _register_fakes()
+            if not envs.cpu_amx():
+                torch.ops.minivllm_cpu.lowbit_amx(0)
             ok = True
         except Exception as e:  # noqa: BLE001 - any failure means: use torch's kernels
             logger.warning(
@@ -288,6 +291,12 @@ def isa(force: int = -1) -> int:
     return int(torch.ops.minivllm_cpu.lowbit_isa(force))
 
 
+def amx(force: int = -1) -> bool:
+    """Whether q4 GEMMs of 8 tokens or more run on AMX tiles; ``force`` 0 / 1 turns
+    that off / on (on only where the CPU has AMX)."""
+    return bool(torch.ops.minivllm_cpu.lowbit_amx(force))
+
+
 def pack_q4(
     q: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,6 +318,7 @@ __all__ = [
     "Q8_GROUP",
     "ROW_TILE",
     "available",
+    "amx",
     "block_cache_stats",
     "install_block_cache",
     "isa",

@@ -141,7 +141,8 @@ GroupStats quantize_group(const float* src, int64_t n, int8_t* dst, int64_t isa)
 // writes into it without allocating, so threads may fill different rows at once.
 void reserve_rows(QuantizedRows& r, int64_t M, int64_t K) {
   const int64_t most = 2 * M * (K / kQ4Group);
-  if (static_cast<int64_t>(r.q.size()) < 2 * M * K) r.q.resize(2 * M * K);
+  // 16 rows of padding: the AMX kernel loads term rows 16 at a time.
+  if (static_cast<int64_t>(r.q.size()) < (2 * M + 16) * K) r.q.resize((2 * M + 16) * K);
   if (static_cast<int64_t>(r.scale.size()) < most) {
     r.scale.resize(most);
     r.sum.resize(most);
@@ -471,6 +472,8 @@ void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
 }
 #endif
 
+#include "amx_kernels.h"
+
 // ---------------------------------------------------------------------------
 // GEMMs on raw pointers (the ops and the fused decoder layer call these).
 // `a` holds the quantized activations (`quantize_rows`); a range of the output's
@@ -480,6 +483,9 @@ void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
 // q4-tiled weight (K a multiple of 32, N of 16).
 void q4_tiles(const uint8_t* w, const c10::Half* sm, const QuantizedRows& a, int64_t M, int64_t K,
               int64_t N, float* out, int64_t t0, int64_t t1, int64_t isa) {
+#if defined(__x86_64__)
+  if (isa == kAvx512 && use_amx(2 * M)) return q4_tiles_amx(w, sm, a, M, K, N, out, t0, t1);
+#endif
   const Q4Args p{w, sm, &a, out, 2 * M, K, N};
   for (int64_t t = t0; t < t1; ++t) {
 #if defined(__x86_64__)

@@ -27,14 +27,22 @@ def _quantized(x: torch.Tensor, group: int) -> torch.Tensor:
     return hi + _one_term(x - hi, group)
 
 
-@pytest.fixture(params=[2, 1, 0], ids=["avx512", "avx2", "portable"])
+AMX = 3
+"""The fixture's name for the AVX-512 path with q4 batches on AMX tiles."""
+
+
+@pytest.fixture(params=[AMX, 2, 1, 0], ids=["amx", "avx512", "avx2", "portable"])
 def isa(request: pytest.FixtureRequest):
-    best = lowbit_cpu.isa()
-    if request.param > best:
+    best, amx = lowbit_cpu.isa(), lowbit_cpu.amx()
+    if request.param == AMX and not lowbit_cpu.amx(1):
+        pytest.skip("this CPU (or its kernel) offers no AMX")
+    if min(request.param, 2) > best:
         pytest.skip("this CPU lacks that instruction set")
-    lowbit_cpu.isa(request.param)
+    lowbit_cpu.isa(min(request.param, 2))
+    lowbit_cpu.amx(int(request.param == AMX))
     yield request.param
     lowbit_cpu.isa(best)
+    lowbit_cpu.amx(int(amx))
 
 
 def _q4_weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -57,7 +65,8 @@ def test_q4_gemm_matches_quantized_reference(isa: int) -> None:
         rtol=0,
         atol=0,
     )
-    for rows in (1, 3, 4, 6, 17):  # token tiles of 4, with remainders
+    # token tiles of 4 with remainders; from 8 tokens AMX, in blocks of 8 (a partial one)
+    for rows in (1, 3, 4, 6, 8, 17, 64):
         x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)  # groups of different ranges
         got = torch.ops.minivllm_cpu.q4_gemm(x, codes, scale_min)
         # The mins multiply the exact group sums; the codes the quantized inputs.

@@ -1,0 +1,165 @@
+// The q4 GEMM on Intel AMX tiles, for batches of tokens (minivllm's own; included by
+// lowbit_kernels.h, whose weight layout and quantized activations it reads).
+//
+// A q4 weight tile's 64-byte blocks are already the layout AMX wants for its B
+// operand: byte 4 r + j of block c holds output row r's codes for inputs 8 c + j
+// (low nibble) and 8 c + 4 + j (high nibble), so the low nibbles of a block are one
+// B row (16 columns x 4 inputs) and the high nibbles the next.  Per group of 32
+// inputs, `tdpbsud` multiplies 16 activation rows (signed int8 codes) by the 16
+// output rows' unsigned codes: 16 x 16 x 32 products in one instruction, where the
+// AVX-512 VNNI kernel needs 128 `vpdpbusd`.  Each group's int32 sums are then
+// scaled in float32 (activation scale x weight scale, plus weight min x activation
+// sum) exactly as the VNNI kernel scales them, so the two agree to float rounding.
+//
+// AMX needs the kernel's permission once per process (`arch_prctl`) and a tile
+// configuration on every thread that uses it; `amx_ready` does both, and
+// `lowbit_amx` (lowbit_cpu.cpp) turns the path off for tests.
+
+#pragma once
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kAmxMinRows = 16;  // term rows (8 tokens) from which AMX is used
+
+#if defined(__x86_64__)
+// Whether this CPU has AMX-TILE and AMX-INT8 and Linux let this process use them.
+bool amx_supported() {
+  unsigned eax, ebx, ecx, edx;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const bool tile = edx & (1u << 24), int8 = edx & (1u << 25);
+  if (!tile || !int8) return false;
+  constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+}
+
+const bool kHasAmx = amx_supported();
+std::atomic<bool> g_amx_on{kHasAmx};
+
+// The tile configuration of `q4_rows_amx`: tiles 0 and 3 the int32 sums (16 x 16),
+// 1 and 4 the activations (16 rows x 32 codes), 2 the weights (8 rows x 64 bytes).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Set on every call: other code on this thread (oneDNN's AMX GEMMs) may have loaded
+// a configuration of its own since.
+__attribute__((target("amx-tile"))) void configure_tiles() {
+  TileConfig c;
+  c.colsb[0] = 64;
+  c.rows[0] = 16;
+  c.colsb[1] = 32;
+  c.rows[1] = 16;
+  c.colsb[2] = 64;
+  c.rows[2] = 8;
+  c.colsb[3] = 64;
+  c.rows[3] = 16;
+  c.colsb[4] = 32;
+  c.rows[4] = 16;
+  _tile_loadconfig(&c);
+}
+
+// One weight tile's codes as AMX B rows, all groups: [groups][8 rows][64 bytes].
+__attribute__((target("avx512f,avx512bw"))) void unpack_tile(const uint8_t* __restrict w,
+                                                             int64_t groups, uint8_t* b) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t blk = 0; blk < groups * 4; ++blk) {
+    const __m512i v = _mm512_loadu_si512(w + blk * 64);
+    _mm512_store_si512(b + (2 * blk) * 64, _mm512_and_si512(v, low));
+    _mm512_store_si512(b + (2 * blk + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+  }
+}
+
+// acc[i] += group g's int32 sums of term row r0 + i (in c, 16 x 16), scaled.
+__attribute__((target("avx512f"))) inline void scale_sums(
+    const int32_t* __restrict c, __m512 scale, __m512 mins, const float* __restrict xscale,
+    const float* __restrict xsum, int64_t r0, int64_t rows, int64_t groups, int64_t g,
+    __m512* acc) {
+  const int n = static_cast<int>(std::min<int64_t>(16, rows - r0));
+  for (int i = 0; i < n; ++i) {
+    const int64_t at = (r0 + i) * groups + g;
+    const __m512 sums = _mm512_cvtepi32_ps(_mm512_load_si512(c + i * 16));
+    acc[i] = _mm512_fmadd_ps(sums, _mm512_mul_ps(scale, _mm512_set1_ps(xscale[at])), acc[i]);
+    if ((i & 1) == 0) acc[i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[at]), acc[i]);
+  }
+}
+
+// Output columns [16 t, 16 t + 16) for term rows [r0, r0 + 32) (rows past the
+// activations' end are computed from padding and dropped), two blocks of 16 rows
+// per group so the two tile products overlap: acc[i] (16 columns of term row
+// r0 + i) in float32.  `b` is the tile's unpacked codes (`unpack_tile`).
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_rows_amx(
+    const uint8_t* __restrict b, const c10::Half* __restrict sm, const int8_t* __restrict xq,
+    const float* __restrict xscale, const float* __restrict xsum, int64_t r0, int64_t rows,
+    int64_t K, __m512* acc) {
+  const int64_t groups = K / kQ4Group;
+  const bool two = r0 + 16 < rows;
+  alignas(64) int32_t c[2][16 * 16];
+  for (int i = 0; i < 32; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    _tile_zero(0);
+    _tile_loadd(2, b + g * 512, 64);
+    _tile_loadd(1, xq + r0 * K + g * kQ4Group, K);
+    _tile_dpbsud(0, 1, 2);
+    if (two) {
+      _tile_zero(3);
+      _tile_loadd(4, xq + (r0 + 16) * K + g * kQ4Group, K);
+      _tile_dpbsud(3, 4, 2);
+    }
+    _tile_stored(0, c[0], 64);
+    if (two) _tile_stored(3, c[1], 64);
+    const c10::Half* s = sm + g * 2 * kRowTile;
+    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+    const __m512 mins =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + kRowTile)));
+    scale_sums(c[0], scale, mins, xscale, xsum, r0, rows, groups, g, acc);
+    if (two) scale_sums(c[1], scale, mins, xscale, xsum, r0 + 16, rows, groups, g, acc + 16);
+  }
+}
+
+// Tiles [t0, t1) of out [rows / 2, N] from the 2 M term rows of `a` (whose codes
+// are padded to a multiple of 16 rows): token m's output is term row 2 m's sum plus
+// term row 2 m + 1's, as in the VNNI kernel.
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_tiles_amx(
+    const uint8_t* w, const c10::Half* sm, const QuantizedRows& a, int64_t M, int64_t K,
+    int64_t N, float* out, int64_t t0, int64_t t1) {
+  configure_tiles();
+  const int64_t groups = K / kQ4Group, rows = 2 * M;
+  thread_local std::vector<uint8_t> codes;
+  codes.resize(groups * 512 + 64);  // 512 bytes a group, aligned to 64 below
+  uint8_t* b = codes.data() + (64 - reinterpret_cast<uintptr_t>(codes.data()) % 64) % 64;
+  __m512 acc[32];
+  for (int64_t t = t0; t < t1; ++t) {
+    unpack_tile(w + t * (K / 8) * 64, groups, b);
+    const c10::Half* st = sm + t * groups * 2 * kRowTile;
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+      q4_rows_amx(b, st, a.q.data(), a.scale.data(), a.sum.data(), r0, rows, K, acc);
+      for (int64_t i = 0; i + 1 < 32 && r0 + i + 1 < rows; i += 2)
+        _mm512_storeu_ps(out + ((r0 + i) / 2) * N + t * kRowTile, _mm512_add_ps(acc[i], acc[i + 1]));
+    }
+  }
+}
+#else
+const bool kHasAmx = false;
+std::atomic<bool> g_amx_on{false};
+#endif
+
+// Whether the q4 GEMM of `rows` term rows runs on AMX here.
+inline bool use_amx(int64_t rows) {
+  return kHasAmx && rows >= kAmxMinRows && g_amx_on.load(std::memory_order_relaxed);
+}
+
+}  // namespace

@@ -9,7 +9,8 @@
 // output rows' unsigned codes: 16 x 16 x 32 products in one instruction, where the
 // AVX-512 VNNI kernel needs 128 `vpdpbusd`.  Each group's int32 sums are then
 // scaled in float32 (activation scale x weight scale, plus weight min x activation
-// sum) exactly as the VNNI kernel scales them, so the two agree to float rounding.
+// sum) with exactly the VNNI kernel's operations, so the two give the same bits and
+// a row's result does not depend on how many rows its batch has.
 //
 // AMX needs the kernel's permission once per process (`arch_prctl`) and a tile
 // configuration on every thread that uses it; `amx_ready` does both, and
@@ -83,17 +84,21 @@ __attribute__((target("avx512f,avx512bw"))) void unpack_tile(const uint8_t* __re
   }
 }
 
-// acc[i] += group g's int32 sums of term row r0 + i (in c, 16 x 16), scaled.
+// acc[i] += group g's int32 sums of term row r0 + i (in c, 16 x 16) scaled, and for
+// the even (first-term) rows accm[i / 2] += the weight mins times the group sum: the
+// VNNI kernel's operations in its order, so every row comes out bit for bit as it
+// does there, whatever the batch (batch invariance).
 __attribute__((target("avx512f"))) inline void scale_sums(
     const int32_t* __restrict c, __m512 scale, __m512 mins, const float* __restrict xscale,
     const float* __restrict xsum, int64_t r0, int64_t rows, int64_t groups, int64_t g,
-    __m512* acc) {
+    __m512* acc, __m512* accm) {
   const int n = static_cast<int>(std::min<int64_t>(16, rows - r0));
   for (int i = 0; i < n; ++i) {
     const int64_t at = (r0 + i) * groups + g;
     const __m512 sums = _mm512_cvtepi32_ps(_mm512_load_si512(c + i * 16));
     acc[i] = _mm512_fmadd_ps(sums, _mm512_mul_ps(scale, _mm512_set1_ps(xscale[at])), acc[i]);
-    if ((i & 1) == 0) acc[i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[at]), acc[i]);
+    if ((i & 1) == 0)
+      accm[i / 2] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[at]), accm[i / 2]);
   }
 }
 
@@ -104,11 +109,12 @@ __attribute__((target("avx512f"))) inline void scale_sums(
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_rows_amx(
     const uint8_t* __restrict b, const c10::Half* __restrict sm, const int8_t* __restrict xq,
     const float* __restrict xscale, const float* __restrict xsum, int64_t r0, int64_t rows,
-    int64_t K, __m512* acc) {
+    int64_t K, __m512* acc, __m512* accm) {
   const int64_t groups = K / kQ4Group;
   const bool two = r0 + 16 < rows;
   alignas(64) int32_t c[2][16 * 16];
   for (int i = 0; i < 32; ++i) acc[i] = _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i) accm[i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     _tile_zero(0);
     _tile_loadd(2, b + g * 512, 64);
@@ -125,8 +131,9 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_rows_amx(
     const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
     const __m512 mins =
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + kRowTile)));
-    scale_sums(c[0], scale, mins, xscale, xsum, r0, rows, groups, g, acc);
-    if (two) scale_sums(c[1], scale, mins, xscale, xsum, r0 + 16, rows, groups, g, acc + 16);
+    scale_sums(c[0], scale, mins, xscale, xsum, r0, rows, groups, g, acc, accm);
+    if (two)
+      scale_sums(c[1], scale, mins, xscale, xsum, r0 + 16, rows, groups, g, acc + 16, accm + 8);
   }
 }
 
@@ -141,14 +148,15 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_tiles_amx(
   thread_local std::vector<uint8_t> codes;
   codes.resize(groups * 512 + 64);  // 512 bytes a group, aligned to 64 below
   uint8_t* b = codes.data() + (64 - reinterpret_cast<uintptr_t>(codes.data()) % 64) % 64;
-  __m512 acc[32];
+  __m512 acc[32], accm[16];
   for (int64_t t = t0; t < t1; ++t) {
     unpack_tile(w + t * (K / 8) * 64, groups, b);
     const c10::Half* st = sm + t * groups * 2 * kRowTile;
     for (int64_t r0 = 0; r0 < rows; r0 += 32) {
-      q4_rows_amx(b, st, a.q.data(), a.scale.data(), a.sum.data(), r0, rows, K, acc);
+      q4_rows_amx(b, st, a.q.data(), a.scale.data(), a.sum.data(), r0, rows, K, acc, accm);
       for (int64_t i = 0; i + 1 < 32 && r0 + i + 1 < rows; i += 2)
-        _mm512_storeu_ps(out + ((r0 + i) / 2) * N + t * kRowTile, _mm512_add_ps(acc[i], acc[i + 1]));
+        _mm512_storeu_ps(out + ((r0 + i) / 2) * N + t * kRowTile,
+                         _mm512_add_ps(_mm512_add_ps(acc[i], accm[i / 2]), acc[i + 1]));
     }
   }
 }

@@ -355,7 +355,9 @@ def _kernel_rows(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor |
     if not lowbit_cpu.available():
         return None
     vocab = logits.shape[-1]
-    plain = torch.ones(logits.shape[0], dtype=torch.bool)
+    # An infinite temperature turns the logits NaN on the torch path (-inf / inf), which
+    # fails the request; the kernel would quietly draw uniformly instead.
+    plain = torch.isfinite(meta.temperature)
     if meta.random_rows is not None:
         plain &= meta.random_rows
     if meta.top_k is not None:

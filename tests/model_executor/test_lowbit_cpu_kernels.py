@@ -78,6 +78,28 @@ def test_q4_gemm_matches_quantized_reference(isa: int) -> None:
         assert ((got - x @ dense.T).norm() / (x @ dense.T).norm()) < 1e-3
 
 
+def test_q4_gemm_on_amx_gives_the_vnni_kernels_bits() -> None:
+    """AMX tiles compute the same integer sums and scale them with the VNNI kernel's
+    operations in its order: the same bits for every row, so a request's values do not
+    depend on whether its batch had 8 tokens or more (batch invariance)."""
+    if lowbit_cpu.isa() < 2 or not lowbit_cpu.amx():
+        pytest.skip("this CPU (or its kernel) offers no AMX")
+    n, k = 64, 576
+    q, scale, mins = _q4_weight(n, k)
+    codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
+    x = torch.randn(41, k) * torch.linspace(0.1, 3, k)
+    try:
+        for rows in (8, 9, 16, 23, 41):
+            on_amx = torch.ops.minivllm_cpu.q4_gemm(x[:rows], codes, scale_min)
+            lowbit_cpu.amx(0)
+            on_vnni = torch.ops.minivllm_cpu.q4_gemm(x[:rows], codes, scale_min)
+            lowbit_cpu.amx(1)
+            assert torch.equal(on_amx, on_vnni)
+            assert torch.equal(on_amx[:1], torch.ops.minivllm_cpu.q4_gemm(x[:1], codes, scale_min))
+    finally:
+        lowbit_cpu.amx(1)
+
+
 def test_q8_gemm_matches_quantized_reference(isa: int) -> None:
     n, k = 40, 192
     gen = torch.Generator().manual_seed(0)

@@ -580,10 +580,9 @@ std::tuple<at::Tensor, at::Tensor> run_layers(const at::Tensor& hidden,
   Scratch& t = scratch;
   t.reserve(plans, B);
   run_team([&](const Team& team) {
-    for (size_t l = 0; l < plans.size(); ++l) {
-      layer_on_team(team, plans[l], t, rp, op, l > 0, B);
-      team.sync();
-    }
+    // No barrier between layers: a layer ends with its own rows (the split the next
+    // layer's first phase uses too), after the last GEMM's barrier.
+    for (size_t l = 0; l < plans.size(); ++l) layer_on_team(team, plans[l], t, rp, op, l > 0, B);
   });
   return {out, res};
 }

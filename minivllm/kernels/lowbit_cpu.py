@@ -3,8 +3,8 @@
 The sources (``lowbit_cpu.cpp``: low-bit GEMMs; ``decode_attention_cpu.cpp``: the
 decode graph's paged attention; ``decode_layer_cpu.cpp``: its fused decoder
 layer; ``block_cache_cpu.cpp``: the CPU block cache; ``encoder_attention_cpu.cpp``:
-encoder-only attention; ``logits_cpu.cpp``: top-k candidates and greedy tokens over
-the logits; the GEMM and attention kernels and the thread team in the headers) are
+encoder-only attention; ``logits_cpu.cpp``: top-k candidates, greedy tokens and
+temperature draws over the logits; the GEMM and attention kernels and the thread team in the headers) are
 compiled into one library
 once per machine, torch version and source text with the system C++ compiler
 (the one torch.compile's CPU backend already needs) into
@@ -25,8 +25,10 @@ Ops (all CPU, float32 out):
 - ``q4_dequantize(qweight, scales, K, dtype)``: the dense weight of a tiled one;
 - ``int8_mm_scale(acc, hi, lo, scale)``: the float32 rows of an int8 x int8 product
   made for two activation terms (`quantized_linear.int8_act_mm`), in one pass;
-- ``top_logit_indices(logits, k)`` and ``greedy_tokens(logits, invalid, none)``:
-  the LM head refinement's candidates and the sampler's greedy tokens;
+- ``top_logit_indices(logits, k)``, ``greedy_tokens(logits, invalid, none)`` and
+  ``sample_rows(logits, rows, temperature, u, invalid, none)``: the LM head
+  refinement's candidates, the sampler's greedy tokens and its draws at a
+  temperature alone (run eagerly, outside compiled graphs);
 - ``lowbit_isa(force)``: the code path in use (0 portable C++, 1 AVX2,
   2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests); ``lowbit_amx(force)``:
   whether q4 GEMMs of 8 tokens or more run on AMX tiles (CPUs that have them);
@@ -174,15 +176,6 @@ def _register_fakes() -> None:
     torch.library.register_fake("minivllm_cpu::decode_attention", attention_fake)
     torch.library.register_fake("minivllm_cpu::decoder_layer", layer_fake)
     torch.library.register_fake("minivllm_cpu::decoder_stack", layer_fake)
-
-    def top_fake(logits: torch.Tensor, k: int) -> torch.Tensor:
-        return logits.new_empty(logits.shape[0], k, dtype=torch.long)
-
-    def greedy_fake(logits: torch.Tensor, invalid: int, none_allowed: int) -> torch.Tensor:
-        return logits.new_empty(logits.shape[0], dtype=torch.long)
-
-    torch.library.register_fake("minivllm_cpu::top_logit_indices", top_fake)
-    torch.library.register_fake("minivllm_cpu::greedy_tokens", greedy_fake)
 
 
 def start_building() -> None:

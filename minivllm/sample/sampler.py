@@ -165,11 +165,7 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     is never drawn.
     """
     rows, vocab = probs.shape
-    u = torch.empty(rows, 1, dtype=torch.float64, device=probs.device)
-    if len(generators) != rows:
-        u.uniform_()
-    for row, generator in generators.items():
-        u[row] = draw_uniform(generator, probs.device)
+    u = _uniforms(torch.arange(rows), generators, probs.device).view(rows, 1)
     chunk = min(CDF_CHUNK, vocab)
     whole = vocab // chunk * chunk
     sums = probs[:, :whole].reshape(rows, -1, chunk).sum(dim=-1)
@@ -230,15 +226,17 @@ class Sampler(nn.Module):
             raw_logprobs = compute_logprobs(logits)
 
         kernel_rows = _kernel_rows(logits, meta)
+        rest = None if kernel_rows is None else _torch_rows(meta, kernel_rows)
         edits = self.has_constraints(meta) or not meta.no_penalties
-        if edits or kernel_rows is None or _torch_rows(meta, kernel_rows).numel():
+        if edits or rest is None or rest.numel():
             # What follows edits the logits in place, so work on a float32 copy.
             logits = logits.to(torch.float32, copy=True)
             logits = self.apply_constraints(logits, meta)
             if not meta.no_penalties:
                 logits = apply_penalties(logits, meta)
         if kernel_rows is not None:
-            sampled = self.sample_with_kernels(logits, meta, kernel_rows)
+            assert rest is not None
+            sampled = self.sample_with_kernels(logits, meta, kernel_rows, rest)
         else:
             # Checked before sample() edits the logits: greedy rows take their argmax there.
             checked = logits.amax(dim=-1, keepdim=True)
@@ -294,14 +292,19 @@ class Sampler(nn.Module):
 
     @classmethod
     def sample_with_kernels(
-        cls, logits: torch.Tensor, meta: SamplingMetadata, kernel_rows: torch.Tensor
+        cls,
+        logits: torch.Tensor,
+        meta: SamplingMetadata,
+        kernel_rows: torch.Tensor,
+        rest: torch.Tensor,
     ) -> torch.Tensor:
         """`sample` and `mark_invalid` with minivllm's CPU kernels: greedy rows and rows
         sampled at a temperature alone (``kernel_rows``) are each one C++ pass over
         their logits, read in place (at 32 rows of Gemma 3's 262k vocabulary, torch's
         copy, division, softmax and CDF passes took ~15 ms a step); rows that also use
-        top-k, top-p or min-p take `sample` on a copy of their rows.  Which path a row
-        takes depends on its own parameters only, never on the rest of the batch."""
+        top-k, top-p or min-p (``rest``, `_torch_rows`) take `sample` on a copy of their
+        rows.  Which path a row takes depends on its own parameters only, never on the
+        rest of the batch."""
         tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
         if not meta.all_random:
             assert meta.random_rows is not None  # a mixed batch (all-greedy ones go elsewhere)
@@ -314,7 +317,6 @@ class Sampler(nn.Module):
             tokens[fast] = torch.ops.minivllm_cpu.sample_rows(
                 logits, fast, meta.temperature[fast], u, INVALID_TOKEN_ID, NO_ALLOWED_TOKEN_ID
             )
-        rest = _torch_rows(meta, kernel_rows)
         if rest.numel():
             tokens[rest] = cls._sample_subset(logits, meta, rest)
         return tokens
@@ -381,7 +383,7 @@ def _uniforms(
     rows: torch.Tensor, generators: dict[int, torch.Generator], device: torch.device | str
 ) -> torch.Tensor:
     """One float64 uniform number per row of ``rows``, a seeded row's from its own
-    generator (as `random_sample` draws them)."""
+    generator (`draw_uniform`), the others from torch's global generator."""
     u = torch.empty(rows.numel(), dtype=torch.float64, device=device)
     picked = rows.tolist()
     if any(r not in generators for r in picked):

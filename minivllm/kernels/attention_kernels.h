@@ -12,9 +12,10 @@
 //
 // Work is split over (request, KV head) pairs with ATen's thread pool (even 3
 // pairs: one request of the default model measured faster on both threads than
-// on one).  On AVX-512 CPUs (head size a multiple of 16) the inner loops are
-// intrinsics; elsewhere plain C++ built for AVX-512, AVX2 and baseline x86-64,
-// picked at load by the CPU (`target_clones`).
+// on one).  On AVX-512 CPUs (head size a multiple of 16) and AVX2 ones (a
+// multiple of 8) the inner loops are intrinsics, softmax's exp a polynomial;
+// elsewhere plain C++ built for AVX-512, AVX2 and baseline x86-64, picked at
+// load by the CPU (`target_clones`).
 
 #pragma once
 
@@ -213,6 +214,128 @@ const bool kHasAvx512 = [] {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 }();
+
+// AVX2 forms of the same (CPUs without AVX-512: head sizes a multiple of 8).
+#define MINIVLLM_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+const bool kHasAvx2 = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}();
+
+MINIVLLM_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+MINIVLLM_AVX2 inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+MINIVLLM_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+MINIVLLM_AVX2 inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+// `exp_nonpositive` on 8 lanes: the same reduction and polynomial; 2^n is built in
+// the exponent bits (n >= -126 after the clamp, so always a normal float).
+MINIVLLM_AVX2 inline __m256 exp_nonpositive_avx2(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693147181f), x);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// Lanes [0, n - i) of a tail: a mask for maskload / maskstore (n - i < 8).
+MINIVLLM_AVX2 inline __m256i tail_mask(int64_t left) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+MINIVLLM_AVX2 inline void softmax_avx2(float* sc, int64_t n) {
+  const int64_t whole = n & ~int64_t{7};
+  __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < whole; t += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sc + t));
+  float top = hmax8(mx);
+  for (int64_t t = whole; t < n; ++t) top = std::max(top, sc[t]);
+  const __m256 tp = _mm256_set1_ps(top);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t t = 0; t < whole; t += 8) {
+    const __m256 e = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(sc + t), tp));
+    sum = _mm256_add_ps(sum, e);
+    _mm256_storeu_ps(sc + t, e);
+  }
+  if (whole < n) {
+    const __m256i m = tail_mask(n - whole);
+    const __m256 v = _mm256_maskload_ps(sc + whole, m);
+    const __m256 e = _mm256_and_ps(exp_nonpositive_avx2(_mm256_sub_ps(v, tp)),
+                                   _mm256_castsi256_ps(m));
+    sum = _mm256_add_ps(sum, e);
+    _mm256_maskstore_ps(sc + whole, m, e);
+  }
+  const float total = hsum8(sum);
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (int64_t t = 0; t < whole; t += 8) _mm256_storeu_ps(sc + t, _mm256_mul_ps(_mm256_loadu_ps(sc + t), iv));
+  for (int64_t t = whole; t < n; ++t) sc[t] *= inv;
+}
+
+template <typename T>
+MINIVLLM_AVX2 void one_pair_avx2(const Shape& s, const float* q, const T* cache,
+                                 const int32_t* table, int64_t seq_len, int64_t b, int64_t h,
+                                 float* out, std::vector<float>& scores) {
+  const int64_t group = s.num_heads / s.num_kv, hd = s.head_dim;
+  const int64_t start = s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
+  const int64_t n = seq_len - start;
+  const int64_t row = s.num_kv * hd;
+  const int64_t half = s.num_blocks * s.block_size * row;
+  const int32_t* blocks = table + b * s.table_width;
+  const float* qh = q + (b * s.num_heads + h * group) * hd;
+  scores.assign(group * std::max<int64_t>(n, 1), 0.f);
+  thread_local std::vector<int64_t> rows;
+  row_offsets(s, blocks, start, seq_len, rows);
+  for (int64_t t = 0; t < n; ++t) {
+    const T* k = cache + rows[t] + h * hd;
+    for (int64_t g = 0; g < group; ++g) {
+      __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+      int64_t i = 0;
+      for (; i + 16 <= hd; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * hd + i), load8(k + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * hd + i + 8), load8(k + i + 8), acc1);
+      }
+      if (i < hd) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * hd + i), load8(k + i), acc0);
+      scores[g * n + t] = hsum8(_mm256_add_ps(acc0, acc1)) * s.scale;
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) softmax_avx2(scores.data() + g * n, n);
+  float* o = out + (b * s.num_heads + h * group) * hd;
+  std::fill(o, o + group * hd, 0.f);
+  for (int64_t t = 0; t < n; ++t) {
+    const T* v = cache + half + rows[t] + h * hd;
+    for (int64_t i = 0; i < hd; i += 8) {
+      const __m256 vv = load8(v + i);
+      for (int64_t g = 0; g < group; ++g) {
+        float* og = o + g * hd + i;
+        _mm256_storeu_ps(og, _mm256_fmadd_ps(_mm256_set1_ps(scores[g * n + t]), vv, _mm256_loadu_ps(og)));
+      }
+    }
+  }
+}
 #endif
 
 MINIVLLM_CLONES
@@ -232,6 +355,8 @@ inline void one_pair_any(const Shape& s, const float* q, const float* cache, con
 #if defined(__x86_64__)
   if (kHasAvx512 && s.head_dim % 16 == 0)
     return one_pair_avx512(s, q, cache, table, seq_len, b, h, out, sc);
+  if (kHasAvx2 && s.head_dim % 8 == 0)
+    return one_pair_avx2(s, q, cache, table, seq_len, b, h, out, sc);
 #endif
   one_pair_f32(s, q, cache, table, seq_len, b, h, out, sc);
 }
@@ -242,6 +367,8 @@ inline void one_pair_any(const Shape& s, const float* q, const c10::BFloat16* ca
 #if defined(__x86_64__)
   if (kHasAvx512 && s.head_dim % 16 == 0)
     return one_pair_avx512(s, q, cache, table, seq_len, b, h, out, sc);
+  if (kHasAvx2 && s.head_dim % 8 == 0)
+    return one_pair_avx2(s, q, cache, table, seq_len, b, h, out, sc);
 #endif
   one_pair_bf16(s, q, cache, table, seq_len, b, h, out, sc);
 }

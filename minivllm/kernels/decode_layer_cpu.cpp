@@ -39,6 +39,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <string>
 #include <tuple>
 
 namespace {
@@ -64,12 +65,13 @@ int64_t norm_count(int64_t form) {
 struct Linear {
   int64_t kind, in, out;
   const at::Tensor* w;
+  const uint8_t* hb;  // q5: the fifth bits' plane; q4 and int8: nullptr
   at::Tensor scales;  // q4: float16 tiles' scales; q8: float32, one per row
   at::Tensor bias;    // undefined: none
 
   void operator()(const float* x, int64_t M, float* y, QuantizedRows& a) const {
     if (kind == kQ4Kind)
-      q4_gemm_raw(x, M, in, w->data_ptr<uint8_t>(), scales.data_ptr<c10::Half>(), out, y, a);
+      q4_gemm_raw(x, M, in, w->data_ptr<uint8_t>(), hb, scales.data_ptr<c10::Half>(), out, y, a);
     else
       q8_gemm_raw(x, M, in, w->data_ptr<int8_t>(), scales.data_ptr<float>(), out, y, a);
     if (!bias.defined()) return;
@@ -94,21 +96,19 @@ Linear make_linear(const at::Tensor& w, const at::Tensor& s, int64_t kind, int64
                    const char* name) {
   TORCH_CHECK(w.is_contiguous() && s.is_contiguous(), "decoder_layer: ", name, " not contiguous");
   if (kind == kQ4Kind) {
-    TORCH_CHECK(w.scalar_type() == at::kByte && s.scalar_type() == at::kHalf && in % kQ4Group == 0,
-                "decoder_layer: ", name, " is not a q4 weight");
-    const int64_t out = w.numel() * 2 / in;
-    TORCH_CHECK(out % kRowTile == 0 && s.numel() == out * (in / kQ4Group) * 2,
-                "decoder_layer: ", name, " does not match its inputs");
-    return {kind, in, out, &w, s};
+    const std::string what = std::string("decoder_layer: ") + name;
+    const auto [out, hb] = q4_shape(w, s, in, what.c_str());
+    return {kind, in, out, &w, hb, s};
   }
   TORCH_CHECK(kind == kQ8Kind && w.scalar_type() == at::kChar && w.dim() == 2 && w.size(1) == in &&
                   in % kQ8Group == 0 && s.numel() == w.size(0),
               "decoder_layer: ", name, " is neither a q4 nor an int8 weight");
-  return {kind, in, w.size(0), &w, s.to(at::kFloat).contiguous()};
+  return {kind, in, w.size(0), &w, nullptr, s.to(at::kFloat).contiguous()};
 }
 
 // x [n] -> x * rsqrt(mean(x^2) + eps) * (weight + offset), into y (may be x).
-void rms_norm(const float* x, const float* weight, float offset, float eps, int64_t n, float* y) {
+// These loops are built per instruction set too (`MINIVLLM_CLONES`).
+MINIVLLM_CLONES void rms_norm(const float* x, const float* weight, float offset, float eps, int64_t n, float* y) {
   float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
   for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -119,7 +119,7 @@ void rms_norm(const float* x, const float* weight, float offset, float eps, int6
 
 // Rotary embedding of one head (neox layout: element i pairs with i + rot / 2;
 // elements past `rot` pass through), from `src` into `dst` (may be `src`).
-void rotate(const float* src, const float* cos, const float* sin, int64_t rot, int64_t hd,
+MINIVLLM_CLONES void rotate(const float* src, const float* cos, const float* sin, int64_t rot, int64_t hd,
             float* dst) {
   const int64_t half = rot / 2;
 #pragma omp simd
@@ -167,11 +167,32 @@ MINIVLLM_AVX512 void act_mul_avx512(const float* g, const float* u, int64_t n, b
     _mm512_mask_storeu_ps(h + i, m, _mm512_mul_ps(_mm512_mul_ps(x, sig), _mm512_maskz_loadu_ps(m, u + i)));
   }
 }
+
+MINIVLLM_AVX2 void act_mul_avx2(const float* g, const float* u, int64_t n, bool gelu, float* h) {
+  const __m256 one = _mm256_set1_ps(1.f), c0 = _mm256_set1_ps(kGeluC0);
+  const __m256 c1 = _mm256_set1_ps(kGeluC1);
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    __m256 c = x;
+    if (gelu) {
+      const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+      c = _mm256_mul_ps(c0, _mm256_fmadd_ps(c1, x3, x));
+    }
+    const __m256 e = exp_nonpositive_avx2(_mm256_or_ps(c, sign));  // exp(-|c|)
+    const __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(c, _mm256_setzero_ps(), _CMP_GE_OQ));
+    const __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + i)));
+  }
+  act_mul_portable(g + i, u + i, n - i, gelu, h + i);
+}
 #endif
 
 void act_mul(const float* g, const float* u, int64_t n, bool gelu, float* h) {
 #if defined(__x86_64__)
   if (kHasAvx512) return act_mul_avx512(g, u, n, gelu, h);
+  if (kHasAvx2) return act_mul_avx2(g, u, n, gelu, h);
 #endif
   act_mul_portable(g, u, n, gelu, h);
 }
@@ -445,7 +466,7 @@ void team_linear(const Team& team, const Linear& lin, const QuantizedRows& act, 
   const auto [u0, u1] = team.share((lin.out + kRowTile - 1) / kRowTile);
   const int64_t c0 = u0 * kRowTile, c1 = std::min(lin.out, u1 * kRowTile);
   if (lin.kind == kQ4Kind)
-    q4_tiles(lin.w->data_ptr<uint8_t>(), lin.scales.data_ptr<c10::Half>(), act, B, lin.in,
+    q4_tiles(lin.w->data_ptr<uint8_t>(), lin.hb, lin.scales.data_ptr<c10::Half>(), act, B, lin.in,
              lin.out, y, u0, u1, isa);
   else
     q8_rows(lin.w->data_ptr<int8_t>(), lin.scales.data_ptr<float>(), act, B, lin.in, lin.out, y,

@@ -55,11 +55,42 @@ MINIVLLM_AVX512 int64_t first_equal_avx512(const float* x, int64_t n, float v) {
   }
   return -1;
 }
+
+MINIVLLM_AVX2 float row_max_avx2(const float* x, int64_t n, bool& nan) {
+  __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 bad = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    mx = _mm256_max_ps(v, mx);  // a NaN in v keeps mx (the second operand wins)
+  }
+  float m = hmax8(mx);
+  nan = _mm256_movemask_ps(bad) != 0;
+  for (; i < n; ++i) {
+    nan |= std::isnan(x[i]);
+    m = std::max(m, x[i]);
+  }
+  return m;
+}
+
+MINIVLLM_AVX2 int64_t first_equal_avx2(const float* x, int64_t n, float v) {
+  const __m256 target = _mm256_set1_ps(v);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), target, _CMP_EQ_OQ));
+    if (hit) return i + __builtin_ctz(hit);
+  }
+  for (; i < n; ++i)
+    if (x[i] == v) return i;
+  return -1;
+}
 #endif
 
 float row_max(const float* x, int64_t n, bool& nan) {
 #if defined(__x86_64__)
   if (kHasAvx512) return row_max_avx512(x, n, nan);
+  if (kHasAvx2) return row_max_avx2(x, n, nan);
 #endif
   float m = -std::numeric_limits<float>::infinity();
   nan = false;
@@ -73,6 +104,7 @@ float row_max(const float* x, int64_t n, bool& nan) {
 int64_t first_equal(const float* x, int64_t n, float v) {
 #if defined(__x86_64__)
   if (kHasAvx512) return first_equal_avx512(x, n, v);
+  if (kHasAvx2) return first_equal_avx2(x, n, v);
 #endif
   for (int64_t i = 0; i < n; ++i)
     if (x[i] == v) return i;
@@ -172,12 +204,33 @@ MINIVLLM_AVX512 float exp_block_avx512(const float* x, float inv_t, float top, i
   }
   return _mm512_reduce_add_ps(sum);
 }
+
+MINIVLLM_AVX2 float exp_block_avx2(const float* x, float inv_t, float top, int64_t n, float* e) {
+  const __m256 it = _mm256_set1_ps(inv_t), tp = _mm256_set1_ps(top);
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 live = _mm256_cmp_ps(v, ninf, _CMP_NEQ_OQ);
+    const __m256 ex = _mm256_and_ps(live, exp_nonpositive_avx2(_mm256_fmsub_ps(v, it, tp)));
+    sum = _mm256_add_ps(sum, ex);
+    _mm256_storeu_ps(e + i, ex);
+  }
+  float total = hsum8(sum);
+  for (; i < n; ++i) {
+    e[i] = x[i] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(x[i] * inv_t - top);
+    total += e[i];
+  }
+  return total;
+}
 #endif
 
 // exp(x - top) for x <= top, 0 for x = -inf, over n values into e; their float32 sum.
 float exp_block(const float* x, float inv_t, float top, int64_t n, float* e) {
 #if defined(__x86_64__)
   if (kHasAvx512) return exp_block_avx512(x, inv_t, top, n, e);
+  if (kHasAvx2) return exp_block_avx2(x, inv_t, top, n, e);
 #endif
   float sum = 0.f;
   for (int64_t i = 0; i < n; ++i) {

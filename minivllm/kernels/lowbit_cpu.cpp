@@ -13,19 +13,14 @@ at::Tensor float_rows(const at::Tensor& x) {
   return x.to(at::kFloat).contiguous();
 }
 
-// out[M, N] = x[M, K] @ W.T for a q4-tiled weight (layout: lowbit_kernels.h).
+// out[M, N] = x[M, K] @ W.T for a q4- or q5-tiled weight (layout: lowbit_kernels.h).
 at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales) {
   const at::Tensor xf = float_rows(x);
   const int64_t M = xf.size(0), K = xf.size(1);
-  TORCH_CHECK(K % kQ4Group == 0, "q4_gemm: inputs must be a multiple of 32");
-  TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.is_contiguous(), "q4_gemm: uint8 tiles");
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous(), "q4_gemm: float16 scales");
-  const int64_t N = qweight.numel() * 2 / K;
-  TORCH_CHECK(N % kRowTile == 0 && scales.numel() == N * (K / kQ4Group) * 2,
-              "q4_gemm: weight and scales do not match the inputs");
+  const auto [N, hb] = q4_shape(qweight, scales, K, "q4_gemm");
   at::Tensor out = at::empty({M, N}, xf.options());
   thread_local QuantizedRows a;
-  q4_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<uint8_t>(),
+  q4_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<uint8_t>(), hb,
               scales.data_ptr<c10::Half>(), N, out.data_ptr<float>(), a);
   return out;
 }
@@ -48,10 +43,11 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   return out;
 }
 
-// The dense [N, K] weight of a q4-tiled one, in `dtype` (large batches and tests).
+// The dense [N, K] weight of a q4- or q5-tiled one, in `dtype` (large batches and tests).
 at::Tensor q4_dequantize(const at::Tensor& qweight, const at::Tensor& scales, int64_t K,
                          at::ScalarType dtype) {
-  const int64_t N = qweight.numel() * 2 / K, groups = K / kQ4Group;
+  const auto [N, hb] = q4_shape(qweight, scales, K, "q4_dequantize");
+  const int64_t groups = K / kQ4Group;
   at::Tensor out = at::empty({N, K}, qweight.options().dtype(at::kFloat));
   const uint8_t* w = qweight.data_ptr<uint8_t>();
   const c10::Half* sm = scales.data_ptr<c10::Half>();
@@ -61,12 +57,20 @@ at::Tensor q4_dequantize(const at::Tensor& qweight, const at::Tensor& scales, in
       for (int64_t c = 0; c < K / 8; ++c) {
         const uint8_t* b = w + (t * (K / 8) + c) * 64;
         const c10::Half* s = sm + (t * groups + c / 4) * 2 * kRowTile;
+        uint64_t m_lo = 0, m_hi = 0;
+        if (hb != nullptr) {
+          std::memcpy(&m_lo, hb + (t * (K / 8) + c) * 16, 8);
+          std::memcpy(&m_hi, hb + (t * (K / 8) + c) * 16 + 8, 8);
+        }
         for (int r = 0; r < kRowTile; ++r) {
           const float scale = s[r], mn = s[kRowTile + r];
           float* row = o + (t * kRowTile + r) * K + c * 8;
           for (int j = 0; j < 4; ++j) {
-            row[j] = (b[4 * r + j] & 0x0F) * scale + mn;
-            row[4 + j] = (b[4 * r + j] >> 4) * scale + mn;
+            const int bit = 4 * r + j;
+            const int lo = (b[bit] & 0x0F) | static_cast<int>((m_lo >> bit) & 1) << 4;
+            const int hi = (b[bit] >> 4) | static_cast<int>((m_hi >> bit) & 1) << 4;
+            row[j] = lo * scale + mn;
+            row[4 + j] = hi * scale + mn;
           }
         }
       }

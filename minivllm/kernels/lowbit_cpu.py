@@ -153,7 +153,7 @@ def _build(target: Path) -> None:
 
 def _register_fakes() -> None:
     def q4_fake(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        rows = qweight.numel() * 2 // x.shape[1]
+        rows = scales.numel() * Q4_GROUP // (2 * x.shape[1])
         return x.new_empty(x.shape[0], rows, dtype=torch.float32)
 
     def q8_fake(x: torch.Tensor, qweight: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
@@ -293,17 +293,28 @@ def amx(force: int = -1) -> bool:
 def pack_q4(
     q: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tile int4 codes ``q [N, K]`` (0..15) with ``w = q * scale + mn`` per 32 inputs
-    (``scale``, ``mn``: ``[N, K / 32]``) into ``q4_gemm``'s layout: ``(uint8 tiles,
-    float16 scales)``.  ``N`` must be a multiple of 16 and ``K`` of 32."""
+    """Tile codes ``q [N, K]`` with ``w = q * scale + mn`` per 32 inputs (``scale``,
+    ``mn``: ``[N, K / 32]``) into ``q4_gemm``'s layout: ``(uint8 tiles, float16
+    scales)``.  ``N`` must be a multiple of 16 and ``K`` of 32.  Codes 0..15 give
+    a q4 weight (``N K / 2`` bytes); with any code above 15 (up to 31) the tiles
+    hold the low four bits and the fifth bits' plane follows them (q5: ``N K / 2
+    + N K / 8`` bytes, layout in lowbit_kernels.h)."""
     n, k = q.shape
-    q = q.to(torch.uint8).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4)
+    q = q.to(torch.uint8)
+    five = bool((q > 15).any())
+    low = (q & 0x0F).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4)
     # [tile, input octet, row, 4]: low nibble = first four inputs, high = next four.
-    codes = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()
+    codes = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()
     groups = k // Q4_GROUP
     sm = torch.stack([scale, mn]).view(2, n // ROW_TILE, ROW_TILE, groups)
     sm = sm.permute(1, 3, 0, 2).contiguous().to(torch.float16)
-    return codes.view(-1), sm.view(-1)
+    if not five:
+        return codes.view(-1), sm.view(-1)
+    # [tile, input octet, nibble (low / high), row, 4]: bit 4 row + j of each 64-bit mask.
+    bits = (q >> 4).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4).permute(0, 2, 3, 1, 4)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32)
+    plane = (bits.reshape(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
+    return torch.cat([codes.view(-1), plane]), sm.view(-1)
 
 
 __all__ = [

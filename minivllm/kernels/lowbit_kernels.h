@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace minivllm_cpu {
@@ -124,9 +125,51 @@ GroupStats quantize_group_avx512(const float* src, int64_t n, int8_t* dst) {
 }
 #endif
 
+#if defined(__x86_64__)
+// n a multiple of 32.  Codes as the portable form's (the same scale, rounding
+// to nearest even); the float sum is added in another order.
+__attribute__((target("avx2,fma,f16c")))
+GroupStats quantize_group_avx2(const float* src, int64_t n, int8_t* dst) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(src + i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+    sum = _mm256_add_ps(sum, v);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+  const float scale = _mm_cvtss_f32(m4) / 127.f;
+  const __m256 inv = _mm256_set1_ps(scale > 0.f ? 1.f / scale : 0.f);
+  // packs interleave 128-bit lanes; this puts the 32 codes back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  __m256i qsum = _mm256_setzero_si256();
+  for (int64_t i = 0; i < n; i += 32) {
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) {
+      q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8 * j), inv));
+      qsum = _mm256_add_epi32(qsum, q[j]);
+    }
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                              _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm256_permutevar8x32_epi32(packed, order));
+  }
+  __m128i q4 = _mm_add_epi32(_mm256_castsi256_si128(qsum), _mm256_extracti128_si256(qsum, 1));
+  q4 = _mm_add_epi32(q4, _mm_shuffle_epi32(q4, 0x4E));
+  q4 = _mm_add_epi32(q4, _mm_shuffle_epi32(q4, 0xB1));
+  return {scale, _mm_cvtss_f32(s4), _mm_cvtsi128_si32(q4)};
+}
+#endif
+
 GroupStats quantize_group(const float* src, int64_t n, int8_t* dst, int64_t isa) {
 #if defined(__x86_64__)
   if (isa == kAvx512) return quantize_group_avx512(src, n, dst);
+  if (isa == kAvx2) return quantize_group_avx2(src, n, dst);
 #endif
   return quantize_group_portable(src, n, dst);
 }
@@ -199,9 +242,17 @@ inline void put_term(float* dst, float v, int64_t row) {
 // [8 c, 8 c + 8), 64 bytes: byte 4 r + j holds row r's code for input 8 c + j in
 // its low nibble and for input 8 c + 4 + j in its high nibble.  Scales: for each
 // tile and group of 32 inputs, 16 float16 scales then 16 float16 mins.
+//
+// 5-bit weights ("q5", from Q5_0 / Q5_1 / Q5_K: codes 0..31) are the same tiles
+// of their low four bits plus a plane of the fifth bits, 16 bytes per tile and
+// input octet: a 64-bit mask for the low nibbles' codes (bit 4 r + j: row r's
+// input 8 c + j), then one for the high nibbles'.  Bit i of a mask is byte i of
+// the tile's 64 bytes, so AVX-512 applies it as a byte mask.  The plane follows
+// all the tiles in the same buffer (N K / 8 bytes after N K / 2).
 
 struct Q4Args {
   const uint8_t* w;
+  const uint8_t* hb;  // the fifth bits' plane (q5), or nullptr (q4)
   const c10::Half* sm;
   const QuantizedRows* a;
   float* out;
@@ -211,6 +262,7 @@ struct Q4Args {
 void q4_tile_portable(const Q4Args& p, int64_t tile) {
   const int64_t groups = p.K / kQ4Group;
   const uint8_t* w = p.w + tile * (p.K / 8) * 64;
+  const uint8_t* hb = p.hb == nullptr ? nullptr : p.hb + tile * (p.K / 8) * 16;
   const c10::Half* sm = p.sm + tile * groups * 2 * kRowTile;
   for (int64_t m = 0; m < p.M; ++m) {
     float acc[kRowTile] = {0};
@@ -220,10 +272,18 @@ void q4_tile_portable(const Q4Args& p, int64_t tile) {
       for (int64_t c = 0; c < kQ4Group / 8; ++c) {
         const uint8_t* b = w + (g * 4 + c) * 64;
         const int8_t* xs = xq + g * kQ4Group + c * 8;
+        uint64_t m_lo = 0, m_hi = 0;
+        if (hb != nullptr) {
+          std::memcpy(&m_lo, hb + (g * 4 + c) * 16, 8);
+          std::memcpy(&m_hi, hb + (g * 4 + c) * 16 + 8, 8);
+        }
         for (int r = 0; r < kRowTile; ++r)
           for (int j = 0; j < 4; ++j) {
             const uint8_t v = b[4 * r + j];
-            dot[r] += (v & 0x0F) * xs[j] + (v >> 4) * xs[4 + j];
+            const int bit = 4 * r + j;
+            const int lo = (v & 0x0F) | static_cast<int>((m_lo >> bit) & 1) << 4;
+            const int hi = (v >> 4) | static_cast<int>((m_hi >> bit) & 1) << 4;
+            dot[r] += lo * xs[j] + hi * xs[4 + j];
           }
       }
       const float xs = p.a->scale[m * groups + g], xsum = p.a->sum[m * groups + g];
@@ -242,9 +302,10 @@ void q4_tile_portable(const Q4Args& p, int64_t tile) {
 // and high nibbles), and groups do not depend on each other, so the core
 // overlaps them.  Odd rows (what the first term's rounding left) have a group
 // sum of 0, so only even rows carry the mins.
-template <int NT>
+template <int NT, bool kHigh>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
-void q4_tile_avx512_nt(const uint8_t* __restrict w, const c10::Half* __restrict sm,
+void q4_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
+                       const c10::Half* __restrict sm,
                        const int8_t* __restrict xq, const float* __restrict xscale,
                        const float* __restrict xsum, float* __restrict out, int64_t K, int64_t N) {
   const int64_t groups = K / kQ4Group;
@@ -262,6 +323,13 @@ void q4_tile_avx512_nt(const uint8_t* __restrict w, const c10::Half* __restrict 
       const __m512i v = _mm512_loadu_si512(w + (g * 4 + c) * 64);
       lo[c] = _mm512_and_si512(v, low);
       hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      if (kHigh) {  // the fifth bits: +16 where the plane's mask bit is set
+        uint64_t m[2];
+        std::memcpy(m, hb + (g * 4 + c) * 16, 16);
+        const __m512i sixteen = _mm512_set1_epi8(16);
+        lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(m[0]), lo[c], sixteen);
+        hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(m[1]), hi[c], sixteen);
+      }
     }
     const c10::Half* s = sm + g * 2 * kRowTile;
     const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
@@ -288,6 +356,7 @@ void q4_tile_avx512_nt(const uint8_t* __restrict w, const c10::Half* __restrict 
 void q4_tile_avx512(const Q4Args& p, int64_t tile) {
   const int64_t groups = p.K / kQ4Group;
   const uint8_t* w = p.w + tile * (p.K / 8) * 64;
+  const uint8_t* hb = p.hb == nullptr ? nullptr : p.hb + tile * (p.K / 8) * 16;
   const c10::Half* sm = p.sm + tile * groups * 2 * kRowTile;
   for (int64_t m = 0; m < p.M; m += kTokTile) {
     const int64_t nt = std::min<int64_t>(kTokTile, p.M - m);
@@ -295,8 +364,14 @@ void q4_tile_avx512(const Q4Args& p, int64_t tile) {
     const float* xs = p.a->scale.data() + m * groups;
     const float* xsum = p.a->sum.data() + m * groups;
     float* out = p.out + (m / 2) * p.N + tile * kRowTile;
-    if (nt == 2) q4_tile_avx512_nt<2>(w, sm, xq, xs, xsum, out, p.K, p.N);
-    else q4_tile_avx512_nt<4>(w, sm, xq, xs, xsum, out, p.K, p.N);  // rows come in pairs
+    if (hb != nullptr) {
+      if (nt == 2) q4_tile_avx512_nt<2, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
+      else q4_tile_avx512_nt<4, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
+    } else if (nt == 2) {
+      q4_tile_avx512_nt<2, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
+    } else {
+      q4_tile_avx512_nt<4, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);  // rows come in pairs
+    }
   }
 }
 
@@ -306,47 +381,95 @@ inline __m256i dot_u8s8_avx2(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+// The 32 bits of `m` as 32 bytes: 16 where bit i is set (byte i), 0 elsewhere.
 __attribute__((target("avx2,fma,f16c")))
+inline __m256i fifth_bits_avx2(uint32_t m) {
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(m)), spread), bit);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+// NT rows (even: whole tokens) against one tile, 8 output rows (one half of the
+// tile, `h`) at a time.  A group's 8 `vpmaddubsw` products per row are summed in
+// int16 (each is at most 2 * 15 * 127 in size, so 8 fit) and widened once; with
+// fifth bits (`kHigh`, codes up to 31) every 4 are.
+template <int NT, bool kHigh>
+__attribute__((target("avx2,fma,f16c")))
+void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
+                     const c10::Half* __restrict sm,
+                     const int8_t* __restrict xq, const float* __restrict xscale,
+                     const float* __restrict xsum, float* __restrict out, int64_t K, int64_t N) {
+  const int64_t groups = K / kQ4Group;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      if (h == 0)  // the second half reads the tile again, from L1
+        for (int c = 0; c < 4; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + (g * 4 + c) * 64),
+                       _MM_HINT_T0);
+      __m256i d16[NT], d32[NT];
+      for (int t = 0; t < NT; ++t) d16[t] = d32[t] = _mm256_setzero_si256();
+      for (int c = 0; c < kQ4Group / 8; ++c) {
+        const __m256i v =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (g * 4 + c) * 64 + h * 32));
+        __m256i lo = _mm256_and_si256(v, low);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if (kHigh) {
+          uint32_t m[2];
+          std::memcpy(&m[0], hb + (g * 4 + c) * 16 + 4 * h, 4);
+          std::memcpy(&m[1], hb + (g * 4 + c) * 16 + 8 + 4 * h, 4);
+          lo = _mm256_or_si256(lo, fifth_bits_avx2(m[0]));
+          hi = _mm256_or_si256(hi, fifth_bits_avx2(m[1]));
+        }
+        for (int t = 0; t < NT; ++t) {
+          const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group + c * 8);
+          d16[t] = _mm256_add_epi16(d16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x[0])));
+          d16[t] = _mm256_add_epi16(d16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x[1])));
+          if (kHigh && c % 2 == 1) {  // 4 products of codes <= 31: widen before a fifth
+            d32[t] = _mm256_add_epi32(d32[t], _mm256_madd_epi16(d16[t], ones));
+            d16[t] = _mm256_setzero_si256();
+          }
+        }
+      }
+      const c10::Half* s = sm + g * 2 * kRowTile + 8 * h;
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+      const __m256 mins =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + kRowTile)));
+      for (int t = 0; t < NT; ++t) {
+        const int64_t i = t * groups + g;
+        const __m256 dot =
+            _mm256_cvtepi32_ps(kHigh ? d32[t] : _mm256_madd_epi16(d16[t], ones));
+        acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(xscale[i])), acc[t]);
+        if (t % 2 == 0) acc[t] = _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[i]), acc[t]);
+      }
+    }
+    for (int t = 0; t < NT; t += 2)
+      _mm256_storeu_ps(out + (t / 2) * N + 8 * h, _mm256_add_ps(acc[t], acc[t + 1]));
+  }
+}
+
 void q4_tile_avx2(const Q4Args& p, int64_t tile) {
   const int64_t groups = p.K / kQ4Group;
   const uint8_t* w = p.w + tile * (p.K / 8) * 64;
+  const uint8_t* hb = p.hb == nullptr ? nullptr : p.hb + tile * (p.K / 8) * 16;
   const c10::Half* sm = p.sm + tile * groups * 2 * kRowTile;
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int64_t m = 0; m < p.M; ++m) {
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t m = 0; m < p.M; m += kTokTile) {
+    const int64_t nt = std::min<int64_t>(kTokTile, p.M - m);
     const int8_t* xq = p.a->q.data() + m * p.K;
-    for (int64_t g = 0; g < groups; ++g) {
-      __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-      for (int c = 0; c < kQ4Group / 8; ++c) {
-        int32_t x0, x1;
-        std::memcpy(&x0, xq + g * kQ4Group + c * 8, 4);
-        std::memcpy(&x1, xq + g * kQ4Group + c * 8 + 4, 4);
-        const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
-        for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
-          const __m256i v =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (g * 4 + c) * 64 + h * 32));
-          const __m256i lo = _mm256_and_si256(v, low);
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-          dot[h] = _mm256_add_epi32(dot[h], dot_u8s8_avx2(lo, b0));
-          dot[h] = _mm256_add_epi32(dot[h], dot_u8s8_avx2(hi, b1));
-        }
-      }
-      const c10::Half* s = sm + g * 2 * kRowTile;
-      const int64_t i = m * groups + g;
-      const __m256 xs = _mm256_set1_ps(p.a->scale[i]), xsum = _mm256_set1_ps(p.a->sum[i]);
-      for (int h = 0; h < 2; ++h) {
-        const __m256 scale =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8 * h)));
-        const __m256 mins =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + kRowTile + 8 * h)));
-        acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h]), _mm256_mul_ps(scale, xs), acc[h]);
-        acc[h] = _mm256_fmadd_ps(mins, xsum, acc[h]);
-      }
-    }
-    float* dst = p.out + (m / 2) * p.N + tile * kRowTile;
-    for (int h = 0; h < 2; ++h) {
-      const __m256 v = (m & 1) ? _mm256_add_ps(_mm256_loadu_ps(dst + 8 * h), acc[h]) : acc[h];
-      _mm256_storeu_ps(dst + 8 * h, v);
+    const float* xs = p.a->scale.data() + m * groups;
+    const float* xsum = p.a->sum.data() + m * groups;
+    float* out = p.out + (m / 2) * p.N + tile * kRowTile;
+    if (hb != nullptr) {
+      if (nt == 2) q4_tile_avx2_nt<2, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
+      else q4_tile_avx2_nt<4, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
+    } else if (nt == 2) {
+      q4_tile_avx2_nt<2, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
+    } else {
+      q4_tile_avx2_nt<4, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);  // rows come in pairs
     }
   }
 }
@@ -480,13 +603,15 @@ void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
 // columns at a time, so a caller's own threads can share one GEMM.
 
 // Tiles [t0, t1) (columns [16 t0, 16 t1)) of out[M, N] = x[M, K] @ W.T for a
-// q4-tiled weight (K a multiple of 32, N of 16).
-void q4_tiles(const uint8_t* w, const c10::Half* sm, const QuantizedRows& a, int64_t M, int64_t K,
-              int64_t N, float* out, int64_t t0, int64_t t1, int64_t isa) {
+// q4-tiled weight (K a multiple of 32, N of 16); `hb` its fifth bits (q5) or
+// nullptr.  (q5 weights stay on the VNNI kernel where the CPU has AMX.)
+void q4_tiles(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const QuantizedRows& a,
+              int64_t M, int64_t K, int64_t N, float* out, int64_t t0, int64_t t1, int64_t isa) {
 #if defined(__x86_64__)
-  if (isa == kAvx512 && use_amx(2 * M)) return q4_tiles_amx(w, sm, a, M, K, N, out, t0, t1);
+  if (isa == kAvx512 && hb == nullptr && use_amx(2 * M))
+    return q4_tiles_amx(w, sm, a, M, K, N, out, t0, t1);
 #endif
-  const Q4Args p{w, sm, &a, out, 2 * M, K, N};
+  const Q4Args p{w, hb, sm, &a, out, 2 * M, K, N};
   for (int64_t t = t0; t < t1; ++t) {
 #if defined(__x86_64__)
     if (isa == kAvx512) { q4_tile_avx512(p, t); continue; }
@@ -508,13 +633,30 @@ void q8_rows(const int8_t* w, const float* row_scale, const QuantizedRows& a, in
   q8_rows_portable(p, r0, r1);
 }
 
-// The whole q4 GEMM, on ATen's threads.
-void q4_gemm_raw(const float* x, int64_t M, int64_t K, const uint8_t* w, const c10::Half* sm,
-                 int64_t N, float* out, QuantizedRows& a) {
+// Outputs N of a q4- or q5-tiled weight of K inputs (its scales give N), and its
+// fifth bits' plane (nullptr: q4): a q5 weight's bytes are N K / 2 + N K / 8.
+inline std::pair<int64_t, const uint8_t*> q4_shape(const at::Tensor& qweight, const at::Tensor& scales,
+                                            int64_t K, const char* op) {
+  TORCH_CHECK(K % kQ4Group == 0, op, ": inputs must be a multiple of 32");
+  TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.is_contiguous(), op, ": uint8 tiles");
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous(), op, ": float16 scales");
+  const int64_t N = scales.numel() / (2 * (K / kQ4Group));
+  TORCH_CHECK(N % kRowTile == 0 && scales.numel() == N * (K / kQ4Group) * 2,
+              op, ": scales do not match the inputs");
+  const int64_t q4_bytes = N * K / 2;
+  TORCH_CHECK(qweight.numel() == q4_bytes || qweight.numel() == q4_bytes + N * K / 8,
+              op, ": weight does not match its scales");
+  const uint8_t* w = qweight.data_ptr<uint8_t>();
+  return {N, qweight.numel() == q4_bytes ? nullptr : w + q4_bytes};
+}
+
+// The whole q4 (or q5: `hb` not null) GEMM, on ATen's threads.
+void q4_gemm_raw(const float* x, int64_t M, int64_t K, const uint8_t* w, const uint8_t* hb,
+                 const c10::Half* sm, int64_t N, float* out, QuantizedRows& a) {
   const int64_t isa = minivllm_cpu::active_isa();
   quantize_rows(x, M, K, kQ4Group, isa, a);
   at::parallel_for(0, N / kRowTile, 1, [&](int64_t t0, int64_t t1) {
-    q4_tiles(w, sm, a, M, K, N, out, t0, t1, isa);
+    q4_tiles(w, hb, sm, a, M, K, N, out, t0, t1, isa);
   });
 }
 

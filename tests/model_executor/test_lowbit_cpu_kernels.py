@@ -45,20 +45,22 @@ def isa(request: pytest.FixtureRequest):
     lowbit_cpu.amx(int(amx))
 
 
-def _q4_weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _q4_weight(n: int, k: int, levels: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(n + k)
-    q = torch.randint(0, 16, (n, k), generator=gen)
+    q = torch.randint(0, levels, (n, k), generator=gen)
     scale = torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3
     mins = -torch.rand(n, k // 32, generator=gen) * 0.15
     return q, scale.half().float(), mins.half().float()  # values the float16 tiles hold
 
 
-def test_q4_gemm_matches_quantized_reference(isa: int) -> None:
+@pytest.mark.parametrize("bits", [4, 5])
+def test_q4_gemm_matches_quantized_reference(isa: int, bits: int) -> None:
+    # 5 bits: codes up to 31, the fifth bits in a plane after the tiles (Q5_0/1/K).
     n, k = 48, 96
-    q, scale, mins = _q4_weight(n, k)
+    q, scale, mins = _q4_weight(n, k, 2**bits)
     dense = (q.float().view(n, -1, 32) * scale[..., None] + mins[..., None]).view(n, k)
     codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
-    assert codes.numel() == n * k // 2  # 4 bits per weight
+    assert codes.numel() == n * k * bits // 8  # the file's bits per weight
     torch.testing.assert_close(
         torch.ops.minivllm_cpu.q4_dequantize(codes, scale_min, k, torch.float32),
         dense,

@@ -6,6 +6,8 @@ The 4-bit formats (Q4_0, Q4_1, Q4_K) are all *group-affine*: in each group of 32
 elements of a row, ``w = q * scale + min`` with ``q`` in 0..15.  `int4_affine`
 returns ``(q, scale, min)`` for them, which is exactly what torch's int4 CPU GEMM
 takes (after its own packing), so those weights are computed on as they are.
+The 5-bit formats (Q5_0, Q5_1, Q5_K) are the same with ``q`` in 0..31
+(`int5_affine`), which minivllm's own kernels compute on as a fifth bit plane.
 
 `dequantize_rows` turns raw rows back into floats (the embedding lookup); it
 gives exactly the values of ``gguf.quants.dequantize`` (tested per type).
@@ -23,6 +25,9 @@ from gguf import GGMLQuantizationType as QT
 
 INT4_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K)
 """Types whose values are int4 codes with one scale and min per 32 elements."""
+
+INT5_TYPES = (QT.Q5_0, QT.Q5_1, QT.Q5_K)
+"""Types whose values are 5-bit codes (0..31) with one scale and min per 32 elements."""
 
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 
@@ -105,6 +110,47 @@ def int4_affine(
     )
 
 
+def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """Bits 0..31 of each block's little-endian ``uint8 [n, 4]`` word as ``[n, 32]``."""
+    shifts = torch.arange(8, dtype=torch.uint8)
+    return ((qh[:, :, None] >> shifts) & 1).reshape(-1, 32)
+
+
+def int5_affine(
+    data: torch.Tensor, qtype: QT, cols: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q uint8 [rows, cols] in 0..31, scale, min f32 [rows, cols/32])`` with
+    ``w = q * scale + min`` for a Q5_0, Q5_1 or Q5_K weight."""
+    rows = data.shape[0]
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = data.reshape(-1, type_size)
+    if qtype in (QT.Q5_0, QT.Q5_1):
+        # d (f16), [m (f16)], qh (32 fifth bits), 16 bytes of nibbles (elements j, 16 + j).
+        head = 2 if qtype == QT.Q5_0 else 4
+        scale = _f16(blocks, 0)
+        mn = scale * -16.0 if qtype == QT.Q5_0 else _f16(blocks, 2)
+        q = _low_high(blocks[:, head + 4 :]) | (_fifth_bits(blocks[:, head : head + 4]) << 4)
+    elif qtype == QT.Q5_K:
+        # d, dmin (f16), 12 bytes of 6-bit scales and mins (as Q4_K), 32 bytes of fifth
+        # bits, 128 bytes of nibbles: chunk c of 64 elements is bytes 32 c .. 32 c + 31,
+        # low nibbles first; byte l of the bits holds element 64 c + l's at bit 2 c and
+        # element 64 c + 32 + l's at bit 2 c + 1.
+        d, dmin = _f16(blocks, 0), _f16(blocks, 2)
+        sc, m = _q4_k_scale_min(blocks[:, 4:16])
+        scale = d * sc.float()
+        mn = -(dmin * m.float())
+        qh = blocks[:, 16:48]
+        qs = blocks[:, 48:].reshape(-1, 4, 1, 32)
+        low = torch.cat([qs & 0x0F, qs >> 4], dim=2)  # [n, chunk, half, 32]
+        shifts = torch.arange(8, dtype=torch.uint8).view(4, 2, 1)
+        high = (qh[:, None, None, :] >> shifts) & 1
+        q = low | (high << 4)
+    else:
+        raise ValueError(f"{qtype.name} is not a 5-bit group-affine GGUF type")
+    groups = cols // 32
+    return q.reshape(rows, cols), scale.reshape(rows, groups), mn.reshape(rows, groups)
+
+
 def dequantize_rows(data: torch.Tensor, qtype: QT, cols: int) -> torch.Tensor:
     """Float32 ``[rows, cols]`` from raw rows ``uint8 [rows, row_bytes]``."""
     rows = data.shape[0]
@@ -124,4 +170,12 @@ def dequantize_rows(data: torch.Tensor, qtype: QT, cols: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(rows, cols)
 
 
-__all__ = ["FLOAT_TYPES", "GGUFWeight", "INT4_TYPES", "dequantize_rows", "int4_affine"]
+__all__ = [
+    "FLOAT_TYPES",
+    "GGUFWeight",
+    "INT4_TYPES",
+    "INT5_TYPES",
+    "dequantize_rows",
+    "int4_affine",
+    "int5_affine",
+]

@@ -53,9 +53,11 @@ from minivllm import envs
 from minivllm.kernels import lowbit_cpu
 from minivllm.model_executor.layers.gguf_blocks import (
     INT4_TYPES,
+    INT5_TYPES,
     GGUFWeight,
     dequantize_rows,
     int4_affine,
+    int5_affine,
 )
 from minivllm.platforms.cpu import cpu_has_fast_int8_matmul, cpu_has_native_bf16
 from minivllm.torch_ops import eager_or_op, register_op
@@ -96,11 +98,38 @@ def int4_supported(parts: list[GGUFWeight]) -> bool:
     return all(p.qtype in INT4_TYPES for p in parts) and rows % block == 0
 
 
+def q5_supported(parts: list[GGUFWeight]) -> bool:
+    """Whether minivllm's kernels compute this weight on its 5-bit codes (``Q4``
+    kind with a fifth bits' plane: the file's bits, re-laid)."""
+    rows = sum(p.shape[0] for p in parts)
+    return (
+        native_kernels()
+        and all(p.qtype in INT4_TYPES + INT5_TYPES for p in parts)
+        and any(p.qtype in INT5_TYPES for p in parts)
+        and rows % lowbit_cpu.ROW_TILE == 0
+    )
+
+
+def _affine(part: GGUFWeight, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if part.qtype in INT5_TYPES:
+        return int5_affine(part.data, part.qtype, cols)
+    return int4_affine(part.data, part.qtype, cols)
+
+
 def quantize_parts(
     parts: list[GGUFWeight | torch.Tensor], dtype: torch.dtype = KERNEL_DTYPE
 ) -> tuple[int, torch.Tensor, torch.Tensor]:
     """``(kind, qweight, scales)`` for the weight made of ``parts`` stacked on rows."""
-    if all(isinstance(p, GGUFWeight) for p in parts) and int4_supported(parts):  # type: ignore[arg-type]
+    gguf = all(isinstance(p, GGUFWeight) for p in parts)
+    if gguf and q5_supported(parts):  # type: ignore[arg-type]
+        cols = parts[0].shape[1]
+        affine = [_affine(p, cols) for p in parts]  # type: ignore[arg-type]
+        q = torch.cat([a[0] for a in affine])
+        codes, scale_min = lowbit_cpu.pack_q4(
+            q, torch.cat([a[1] for a in affine]), torch.cat([a[2] for a in affine])
+        )
+        return Q4, codes.view(q.shape[0], -1), scale_min.view(q.shape[0], -1)
+    if gguf and int4_supported(parts):  # type: ignore[arg-type]
         cols = parts[0].shape[1]
         affine = [int4_affine(p.data, p.qtype, cols) for p in parts]  # type: ignore[union-attr]
         q = torch.cat([a[0] for a in affine]).to(torch.int32)
@@ -155,7 +184,8 @@ def dequantize_weight(
     if kind == INT8:
         return qweight.to(scales.dtype) * scales[:, None]
     if kind == Q4:
-        return torch.ops.minivllm_cpu.q4_dequantize(qweight, scales, qweight.shape[1] * 2, dtype)
+        cols = scales.numel() * lowbit_cpu.Q4_GROUP // (2 * qweight.shape[0])
+        return torch.ops.minivllm_cpu.q4_dequantize(qweight, scales, cols, dtype)
     groups, rows, _ = scales.shape
     cols = groups * GROUP
     packed = qweight.view(rows // _N_BLOCK, cols, _N_BLOCK // 2)

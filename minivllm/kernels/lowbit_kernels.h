@@ -392,15 +392,17 @@ inline __m256i fifth_bits_avx2(uint32_t m) {
 }
 
 // NT rows (even: whole tokens) against one tile, 8 output rows (one half of the
-// tile, `h`) at a time.  A group's 8 `vpmaddubsw` products per row are summed in
-// int16 (each is at most 2 * 15 * 127 in size, so 8 fit) and widened once; with
-// fifth bits (`kHigh`, codes up to 31) every 4 are.
+// tile, `h`) at a time.  Per group the half's 8 unpacked code vectors stay in
+// registers while each row's 8 `vpmaddubsw` products are summed in int16 (each is
+// at most 2 * 15 * 127 in size, so 8 fit) and widened once; with fifth bits
+// (`kHigh`, codes up to 31) every 4 are.  (Rows inside chunks instead let the
+// compiler schedule all 32 products first and spill them to the stack.)
 template <int NT, bool kHigh>
 __attribute__((target("avx2,fma,f16c")))
 void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
-                     const c10::Half* __restrict sm,
-                     const int8_t* __restrict xq, const float* __restrict xscale,
-                     const float* __restrict xsum, float* __restrict out, int64_t K, int64_t N) {
+                     const c10::Half* __restrict sm, const int8_t* __restrict xq,
+                     const float* __restrict xscale, const float* __restrict xsum,
+                     float* __restrict out, int64_t K, int64_t N) {
   const int64_t groups = K / kQ4Group;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int h = 0; h < 2; ++h) {
@@ -411,40 +413,44 @@ void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
         for (int c = 0; c < 4; ++c)
           _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + (g * 4 + c) * 64),
                        _MM_HINT_T0);
-      __m256i d16[NT], d32[NT];
-      for (int t = 0; t < NT; ++t) d16[t] = d32[t] = _mm256_setzero_si256();
-      for (int c = 0; c < kQ4Group / 8; ++c) {
+      __m256i code[8];  // chunk c's low nibbles' codes at 2 c, high nibbles' at 2 c + 1
+      for (int c = 0; c < 4; ++c) {
         const __m256i v =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (g * 4 + c) * 64 + h * 32));
-        __m256i lo = _mm256_and_si256(v, low);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        code[2 * c] = _mm256_and_si256(v, low);
+        code[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         if (kHigh) {
           uint32_t m[2];
           std::memcpy(&m[0], hb + (g * 4 + c) * 16 + 4 * h, 4);
           std::memcpy(&m[1], hb + (g * 4 + c) * 16 + 8 + 4 * h, 4);
-          lo = _mm256_or_si256(lo, fifth_bits_avx2(m[0]));
-          hi = _mm256_or_si256(hi, fifth_bits_avx2(m[1]));
-        }
-        for (int t = 0; t < NT; ++t) {
-          const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group + c * 8);
-          d16[t] = _mm256_add_epi16(d16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x[0])));
-          d16[t] = _mm256_add_epi16(d16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x[1])));
-          if (kHigh && c % 2 == 1) {  // 4 products of codes <= 31: widen before a fifth
-            d32[t] = _mm256_add_epi32(d32[t], _mm256_madd_epi16(d16[t], ones));
-            d16[t] = _mm256_setzero_si256();
-          }
+          code[2 * c] = _mm256_or_si256(code[2 * c], fifth_bits_avx2(m[0]));
+          code[2 * c + 1] = _mm256_or_si256(code[2 * c + 1], fifth_bits_avx2(m[1]));
         }
       }
       const c10::Half* s = sm + g * 2 * kRowTile + 8 * h;
-      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-      const __m256 mins =
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + kRowTile)));
       for (int t = 0; t < NT; ++t) {
+        const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group);
+        __m256i d32 = _mm256_setzero_si256();
+        __m256i d16 = _mm256_maddubs_epi16(code[0], _mm256_set1_epi32(x[0]));
+        for (int q = 1; q < 8; ++q) {
+          const __m256i prod = _mm256_maddubs_epi16(code[q], _mm256_set1_epi32(x[q]));
+          if (kHigh && q == 4) {  // 4 products of codes <= 31: widen before a fifth
+            d32 = _mm256_madd_epi16(d16, ones);
+            d16 = prod;
+          } else {
+            d16 = _mm256_add_epi16(d16, prod);
+          }
+        }
+        d32 = _mm256_add_epi32(d32, _mm256_madd_epi16(d16, ones));
         const int64_t i = t * groups + g;
-        const __m256 dot =
-            _mm256_cvtepi32_ps(kHigh ? d32[t] : _mm256_madd_epi16(d16[t], ones));
-        acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(xscale[i])), acc[t]);
-        if (t % 2 == 0) acc[t] = _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[i]), acc[t]);
+        const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32),
+                                 _mm256_mul_ps(scale, _mm256_set1_ps(xscale[i])), acc[t]);
+        if (t % 2 == 0) {
+          const __m256 mins =
+              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + kRowTile)));
+          acc[t] = _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[i]), acc[t]);
+        }
       }
     }
     for (int t = 0; t < NT; t += 2)
@@ -510,6 +516,7 @@ void q8_rows_portable(const Q8Args& p, int64_t r0, int64_t r1) {
 #if defined(__x86_64__)
 // kQ8Rows rows x NT tokens of accumulators, all in registers.
 constexpr int kQ8Rows = 4;
+constexpr int kQ8RowsAvx2 = 2;  // AVX2 has 16 vector registers: 4 rows spilled
 
 template <int NT, int NR>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
@@ -566,31 +573,66 @@ void q8_rows_avx512(const Q8Args& p, int64_t r0, int64_t r1) {
   for (; n < r1; ++n) q8_rows_avx512_nr<1>(p, n);
 }
 
+// NR weight rows against one token's two term rows: each weight vector is loaded
+// once for both, and the NR rows' sums are reduced together at the end.
+template <int NR>
 __attribute__((target("avx2,fma,f16c")))
-void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
+void q8_block_avx2(const int8_t* __restrict w, const int8_t* __restrict xq,
+                   const float* __restrict xscale, const float* __restrict row_scale,
+                   float* __restrict out, int64_t K) {
   // Signed x signed with the sign trick: |x| (unsigned) times w carrying x's sign;
   // 127 * 127 * 2 fits in int16, so `vpmaddubsw` never saturates.
-  const int64_t groups = p.K / kQ8Group;
-  for (int64_t n = r0; n < r1; ++n) {
-    const int8_t* w = p.w + n * p.K;
-    for (int64_t m = 0; m < p.M; ++m) {
-      const int8_t* xq = p.a->q.data() + m * p.K;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t g = 0; g < groups; ++g) {
-        __m256i dot = _mm256_setzero_si256();
-        for (int h = 0; h < 2; ++h) {
-          const int64_t i = g * kQ8Group + 32 * h;
-          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i));
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i));
-          dot = _mm256_add_epi32(dot, dot_u8s8_avx2(_mm256_sign_epi8(x, x), _mm256_sign_epi8(v, x)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(p.a->scale[m * groups + g]), acc);
+  const int64_t groups = K / kQ8Group;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[NR][2];
+  for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int r = 0; r < NR; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + kQ8PrefetchRows) * K + g * kQ8Group),
+                   _MM_HINT_T0);
+    __m256i x[2][2], ax[2][2];
+    for (int t = 0; t < 2; ++t)
+      for (int h = 0; h < 2; ++h) {
+        x[t][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * K + g * kQ8Group + 32 * h));
+        ax[t][h] = _mm256_sign_epi8(x[t][h], x[t][h]);
       }
-      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-      s = _mm_hadd_ps(s, s);
-      s = _mm_hadd_ps(s, s);
-      put_term(p.out + (m / 2) * p.N + n, _mm_cvtss_f32(s) * p.row_scale[n], m);
+    const __m256 xs0 = _mm256_set1_ps(xscale[g]), xs1 = _mm256_set1_ps(xscale[groups + g]);
+    for (int r = 0; r < NR; ++r) {
+      __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * K + g * kQ8Group + 32 * h));
+        d0 = _mm256_add_epi32(d0, _mm256_madd_epi16(_mm256_maddubs_epi16(ax[0][h], _mm256_sign_epi8(v, x[0][h])), ones));
+        d1 = _mm256_add_epi32(d1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax[1][h], _mm256_sign_epi8(v, x[1][h])), ones));
+      }
+      acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), xs0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), xs1, acc[r][1]);
     }
+  }
+  for (int r = 0; r < NR; ++r) {
+    float sum[2];
+    for (int t = 0; t < 2; ++t) {
+      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
+      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+      sum[t] = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+    }
+    out[r] = sum[0] * row_scale[r] + sum[1] * row_scale[r];
+  }
+}
+
+// Blocks of kQ8RowsAvx2 weight rows (then single rows), each against every token
+// while it is in L1.
+void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
+  const int64_t groups = p.K / kQ8Group;
+  for (int64_t n = r0; n < r1;) {
+    const int64_t nr = r1 - n >= kQ8RowsAvx2 ? kQ8RowsAvx2 : 1;
+    for (int64_t m = 0; m < p.M; m += 2) {  // rows come in pairs: one token's two terms
+      const int8_t* xq = p.a->q.data() + m * p.K;
+      const float* xs = p.a->scale.data() + m * groups;
+      float* out = p.out + (m / 2) * p.N + n;
+      if (nr == kQ8RowsAvx2) q8_block_avx2<kQ8RowsAvx2>(p.w + n * p.K, xq, xs, p.row_scale + n, out, p.K);
+      else q8_block_avx2<1>(p.w + n * p.K, xq, xs, p.row_scale + n, out, p.K);
+    }
+    n += nr;
   }
 }
 #endif

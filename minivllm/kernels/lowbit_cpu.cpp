@@ -25,11 +25,8 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   return out;
 }
 
-// out[M, N] = x[M, K] @ (W * row_scale[:, None]).T for row-major int8 W [N, K];
-// `terms` 1: activations quantized once, not twice (approximate logits).
-at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& row_scale,
-                   int64_t terms) {
-  TORCH_CHECK(terms == 1 || terms == 2, "q8_gemm: terms must be 1 or 2");
+// out[M, N] = x[M, K] @ (W * row_scale[:, None]).T for row-major int8 W [N, K].
+at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& row_scale) {
   const at::Tensor xf = float_rows(x);
   const int64_t M = xf.size(0), K = xf.size(1);
   TORCH_CHECK(K % kQ8Group == 0, "q8_gemm: inputs must be a multiple of 64");
@@ -42,7 +39,7 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   at::Tensor out = at::empty({M, N}, xf.options());
   thread_local QuantizedRows a;
   q8_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<int8_t>(), rs.data_ptr<float>(), N,
-              out.data_ptr<float>(), a, terms);
+              out.data_ptr<float>(), a);
   return out;
 }
 
@@ -147,7 +144,7 @@ int64_t minivllm_cpu::active_isa() { return g_isa; }
 
 TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("q4_gemm(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
-  m.def("q8_gemm(Tensor x, Tensor qweight, Tensor row_scale, int terms=2) -> Tensor");
+  m.def("q8_gemm(Tensor x, Tensor qweight, Tensor row_scale) -> Tensor");
   m.def("q4_dequantize(Tensor qweight, Tensor scales, int inputs, ScalarType dtype) -> Tensor");
   m.def("int8_mm_scale(Tensor acc, Tensor hi, Tensor lo, Tensor scale) -> Tensor");
   m.def("lowbit_isa(int force) -> int", lowbit_isa);

@@ -156,9 +156,7 @@ def _register_fakes() -> None:
         rows = scales.numel() * Q4_GROUP // (2 * x.shape[1])
         return x.new_empty(x.shape[0], rows, dtype=torch.float32)
 
-    def q8_fake(
-        x: torch.Tensor, qweight: torch.Tensor, row_scale: torch.Tensor, terms: int = 2
-    ) -> torch.Tensor:
+    def q8_fake(x: torch.Tensor, qweight: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], qweight.shape[0], dtype=torch.float32)
 
     def scale_fake(

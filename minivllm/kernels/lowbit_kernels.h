@@ -494,14 +494,13 @@ struct Q8Args {
   float* out;
   int64_t M, K, N;
   const float* bias_fix;  // [M]: 128 * sum over groups of scale * code sum
-  bool two;  // both activation terms; false: the first alone (approximate logits)
 };
 
 void q8_rows_portable(const Q8Args& p, int64_t r0, int64_t r1) {
   const int64_t groups = p.K / kQ8Group;
   for (int64_t n = r0; n < r1; ++n) {
     const int8_t* w = p.w + n * p.K;
-    for (int64_t m = 0; m < p.M; m += p.two ? 1 : 2) {
+    for (int64_t m = 0; m < p.M; ++m) {
       const int8_t* xq = p.a->q.data() + m * p.K;
       float acc = 0.f;
       for (int64_t g = 0; g < groups; ++g) {
@@ -519,7 +518,7 @@ void q8_rows_portable(const Q8Args& p, int64_t r0, int64_t r1) {
 constexpr int kQ8Rows = 4;
 constexpr int kQ8RowsAvx2 = 2;  // AVX2 has 16 vector registers: 4 rows spilled
 
-template <int NT, int NR, bool kTwo>
+template <int NT, int NR>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void q8_block_avx512(const int8_t* __restrict w, const int8_t* __restrict xq,
                      const float* __restrict xscale, const float* __restrict bias_fix,
@@ -538,7 +537,6 @@ void q8_block_avx512(const int8_t* __restrict w, const int8_t* __restrict xq,
       u[r] = _mm512_xor_si512(_mm512_loadu_si512(w + r * K + g * kQ8Group), flip);
     }
     for (int t = 0; t < NT; ++t) {
-      if (!kTwo && (t & 1)) continue;  // the second term's rows
       const __m512i x = _mm512_loadu_si512(xq + t * K + g * kQ8Group);
       const __m512 xs = _mm512_set1_ps(xscale[t * groups + g]);
       for (int r = 0; r < NR; ++r) {
@@ -548,15 +546,12 @@ void q8_block_avx512(const int8_t* __restrict w, const int8_t* __restrict xq,
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; t += 2) {  // rows in pairs: one token's two terms
-      const float first = (_mm512_reduce_add_ps(acc[r][t]) - bias_fix[t]) * row_scale[r];
-      out[(t / 2) * N + r] =
-          kTwo ? first + (_mm512_reduce_add_ps(acc[r][t + 1]) - bias_fix[t + 1]) * row_scale[r]
-               : first;
-    }
+    for (int t = 0; t < NT; t += 2)  // rows in pairs: one token's two terms
+      out[(t / 2) * N + r] = (_mm512_reduce_add_ps(acc[r][t]) - bias_fix[t]) * row_scale[r] +
+                             (_mm512_reduce_add_ps(acc[r][t + 1]) - bias_fix[t + 1]) * row_scale[r];
 }
 
-template <int NR, bool kTwo>
+template <int NR>
 void q8_rows_avx512_nr(const Q8Args& p, int64_t n) {
   const int64_t groups = p.K / kQ8Group;
   for (int64_t m = 0; m < p.M; m += kTokTile) {
@@ -567,26 +562,20 @@ void q8_rows_avx512_nr(const Q8Args& p, int64_t n) {
     const float* fix = p.bias_fix + m;
     float* out = p.out + (m / 2) * p.N + n;
     const float* rs = p.row_scale + n;
-    if (nt == 2) q8_block_avx512<2, NR, kTwo>(w, xq, xs, fix, rs, out, p.K, p.N);
-    else q8_block_avx512<4, NR, kTwo>(w, xq, xs, fix, rs, out, p.K, p.N);  // rows come in pairs
+    if (nt == 2) q8_block_avx512<2, NR>(w, xq, xs, fix, rs, out, p.K, p.N);
+    else q8_block_avx512<4, NR>(w, xq, xs, fix, rs, out, p.K, p.N);  // rows come in pairs
   }
 }
 
-template <bool kTwo>
-void q8_rows_avx512_terms(const Q8Args& p, int64_t r0, int64_t r1) {
-  int64_t n = r0;
-  for (; n + kQ8Rows <= r1; n += kQ8Rows) q8_rows_avx512_nr<kQ8Rows, kTwo>(p, n);
-  for (; n < r1; ++n) q8_rows_avx512_nr<1, kTwo>(p, n);
-}
-
 void q8_rows_avx512(const Q8Args& p, int64_t r0, int64_t r1) {
-  if (p.two) q8_rows_avx512_terms<true>(p, r0, r1);
-  else q8_rows_avx512_terms<false>(p, r0, r1);
+  int64_t n = r0;
+  for (; n + kQ8Rows <= r1; n += kQ8Rows) q8_rows_avx512_nr<kQ8Rows>(p, n);
+  for (; n < r1; ++n) q8_rows_avx512_nr<1>(p, n);
 }
 
-// NR weight rows against one token's two term rows (the first alone without
-// `kTwo`): each weight vector is loaded once for both.
-template <int NR, bool kTwo>
+// NR weight rows against one token's two term rows: each weight vector is loaded
+// once for both, and the NR rows' sums are reduced together at the end.
+template <int NR>
 __attribute__((target("avx2,fma,f16c")))
 void q8_block_avx2(const int8_t* __restrict w, const int8_t* __restrict xq,
                    const float* __restrict xscale, const float* __restrict row_scale,
@@ -602,23 +591,21 @@ void q8_block_avx2(const int8_t* __restrict w, const int8_t* __restrict xq,
       _mm_prefetch(reinterpret_cast<const char*>(w + (r + kQ8PrefetchRows) * K + g * kQ8Group),
                    _MM_HINT_T0);
     __m256i x[2][2], ax[2][2];
-    for (int t = 0; t < (kTwo ? 2 : 1); ++t)
+    for (int t = 0; t < 2; ++t)
       for (int h = 0; h < 2; ++h) {
         x[t][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * K + g * kQ8Group + 32 * h));
         ax[t][h] = _mm256_sign_epi8(x[t][h], x[t][h]);
       }
-    const __m256 xs0 = _mm256_set1_ps(xscale[g]);
-    const __m256 xs1 = _mm256_set1_ps(kTwo ? xscale[groups + g] : 0.f);
+    const __m256 xs0 = _mm256_set1_ps(xscale[g]), xs1 = _mm256_set1_ps(xscale[groups + g]);
     for (int r = 0; r < NR; ++r) {
       __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
       for (int h = 0; h < 2; ++h) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * K + g * kQ8Group + 32 * h));
         d0 = _mm256_add_epi32(d0, _mm256_madd_epi16(_mm256_maddubs_epi16(ax[0][h], _mm256_sign_epi8(v, x[0][h])), ones));
-        if (kTwo)
-          d1 = _mm256_add_epi32(d1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax[1][h], _mm256_sign_epi8(v, x[1][h])), ones));
+        d1 = _mm256_add_epi32(d1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax[1][h], _mm256_sign_epi8(v, x[1][h])), ones));
       }
       acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), xs0, acc[r][0]);
-      if (kTwo) acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), xs1, acc[r][1]);
+      acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), xs1, acc[r][1]);
     }
   }
   for (int r = 0; r < NR; ++r) {
@@ -628,14 +615,13 @@ void q8_block_avx2(const int8_t* __restrict w, const int8_t* __restrict xq,
       s = _mm_add_ps(s, _mm_movehl_ps(s, s));
       sum[t] = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
     }
-    out[r] = kTwo ? sum[0] * row_scale[r] + sum[1] * row_scale[r] : sum[0] * row_scale[r];
+    out[r] = sum[0] * row_scale[r] + sum[1] * row_scale[r];
   }
 }
 
 // Blocks of kQ8RowsAvx2 weight rows (then single rows), each against every token
 // while it is in L1.
-template <bool kTwo>
-void q8_rows_avx2_terms(const Q8Args& p, int64_t r0, int64_t r1) {
+void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
   const int64_t groups = p.K / kQ8Group;
   for (int64_t n = r0; n < r1;) {
     const int64_t nr = r1 - n >= kQ8RowsAvx2 ? kQ8RowsAvx2 : 1;
@@ -643,17 +629,11 @@ void q8_rows_avx2_terms(const Q8Args& p, int64_t r0, int64_t r1) {
       const int8_t* xq = p.a->q.data() + m * p.K;
       const float* xs = p.a->scale.data() + m * groups;
       float* out = p.out + (m / 2) * p.N + n;
-      const int8_t* w = p.w + n * p.K;
-      if (nr == kQ8RowsAvx2) q8_block_avx2<kQ8RowsAvx2, kTwo>(w, xq, xs, p.row_scale + n, out, p.K);
-      else q8_block_avx2<1, kTwo>(w, xq, xs, p.row_scale + n, out, p.K);
+      if (nr == kQ8RowsAvx2) q8_block_avx2<kQ8RowsAvx2>(p.w + n * p.K, xq, xs, p.row_scale + n, out, p.K);
+      else q8_block_avx2<1>(p.w + n * p.K, xq, xs, p.row_scale + n, out, p.K);
     }
     n += nr;
   }
-}
-
-void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
-  if (p.two) q8_rows_avx2_terms<true>(p, r0, r1);
-  else q8_rows_avx2_terms<false>(p, r0, r1);
 }
 #endif
 
@@ -685,12 +665,9 @@ void q4_tiles(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const Qu
 
 // Columns [r0, r1) of out[M, N] = x[M, K] @ (W * row_scale[:, None]).T for row-major
 // int8 W [N, K] (K a multiple of 64).
-// `terms` 1 leaves out the second activation term (approximate LM-head logits,
-// whose top ones are recomputed exactly: half the products).
 void q8_rows(const int8_t* w, const float* row_scale, const QuantizedRows& a, int64_t M,
-             int64_t K, int64_t N, float* out, int64_t r0, int64_t r1, int64_t isa,
-             int64_t terms = 2) {
-  const Q8Args p{w, row_scale, &a, out, 2 * M, K, N, a.fix.data(), terms != 1};
+             int64_t K, int64_t N, float* out, int64_t r0, int64_t r1, int64_t isa) {
+  const Q8Args p{w, row_scale, &a, out, 2 * M, K, N, a.fix.data()};
 #if defined(__x86_64__)
   if (isa == kAvx512) return q8_rows_avx512(p, r0, r1);
   if (isa == kAvx2) return q8_rows_avx2(p, r0, r1);
@@ -727,11 +704,11 @@ void q4_gemm_raw(const float* x, int64_t M, int64_t K, const uint8_t* w, const u
 
 // The whole q8 GEMM, on ATen's threads.
 void q8_gemm_raw(const float* x, int64_t M, int64_t K, const int8_t* w, const float* row_scale,
-                 int64_t N, float* out, QuantizedRows& a, int64_t terms = 2) {
+                 int64_t N, float* out, QuantizedRows& a) {
   const int64_t isa = minivllm_cpu::active_isa();
   quantize_rows(x, M, K, kQ8Group, isa, a);
   at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
-    q8_rows(w, row_scale, a, M, K, N, out, r0, r1, isa, terms);
+    q8_rows(w, row_scale, a, M, K, N, out, r0, r1, isa);
   });
 }
 

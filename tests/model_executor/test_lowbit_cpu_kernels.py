@@ -75,7 +75,8 @@ def test_q4_gemm_matches_quantized_reference(isa: int, bits: int) -> None:
         xg = x.view(rows, -1, 32)
         want = _quantized(x, 32) @ (dense - mins.repeat_interleave(32, 1)).T
         want += xg.sum(-1) @ mins.T
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+        # (5-bit codes make values twice as large, and their float sums' rounding too.)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4 * 2 ** (bits - 4))
         # Two int8 terms: close to the float product (one term alone is ~1e-2 off).
         assert ((got - x @ dense.T).norm() / (x @ dense.T).norm()) < 1e-3
 
@@ -112,10 +113,6 @@ def test_q8_gemm_matches_quantized_reference(isa: int) -> None:
         x = torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 3, k)
         got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
         torch.testing.assert_close(got, _quantized(x, 64) @ dense.T, rtol=1e-5, atol=1e-4)
-        # One term (the LM head's approximate logits): the first quantization alone.
-        one = torch.ops.minivllm_cpu.q8_gemm(x, w, scale, 1)
-        torch.testing.assert_close(one, _one_term(x, 64) @ dense.T, rtol=1e-5, atol=1e-4)
-        assert not torch.allclose(one, got, rtol=1e-5, atol=1e-4)
         # bfloat16 row scales (the model's form) are read as their float values.
         got16 = torch.ops.minivllm_cpu.q8_gemm(x, w, scale.bfloat16())
         want16 = _quantized(x, 64) @ (w.float() * scale.bfloat16().float()[:, None]).T

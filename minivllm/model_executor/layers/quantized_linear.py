@@ -360,13 +360,6 @@ def q4_kernel_linear(
 INT_MM_MIN_TOKENS = 8
 """From this many rows an int8 LM head runs on `torch._int_mm` (int8 x int8)."""
 
-HEAD_TERMS = 1
-"""Activation terms of an int8 LM head on minivllm's kernel: its logits are only
-approximate (`refine_top_logits` recomputes the top ones from the file's values),
-so the activations are quantized once, not twice, which halves the products.  On
-an AVX2 EPYC, Gemma 3's 262k x 640 head: 275 -> ~140 ms at 32 rows, where the
-kernel is compute-bound; at one row it is bound by the 168 MB it reads."""
-
 
 def lowbit_logits_impl(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
@@ -383,12 +376,6 @@ def lowbit_logits_impl(
     Fewer rows, and int4 heads, use `lowbit_linear`.
     """
     flat = x.reshape(-1, x.shape[-1])
-    if kind == INT8 and _q8_native(qweight) and not envs.batch_invariant():
-        if flat.shape[0] < INT_MM_MIN_TOKENS or (
-            flat.shape[0] <= LOWBIT_MAX_TOKENS and not cpu_has_fast_int8_matmul()
-        ):
-            out = torch.ops.minivllm_cpu.q8_gemm(flat, qweight, scales, HEAD_TERMS)
-            return out.view(*x.shape[:-1], out.shape[-1])
     if (
         kind != INT8
         or flat.shape[0] < INT_MM_MIN_TOKENS

@@ -3,9 +3,10 @@
 minivllm's own kernels (`minivllm.kernels.lowbit_cpu`, C++ built on
 first use) run batches of up to `Q4_MAX_TOKENS` rows: int4 weights in the ``Q4``
 form (codes tiled 16 rows at a time, float16 scale and min per 32 inputs: the
-file's bytes, re-laid) and int8 weights below 16 rows, both as integer dot
-products (AVX-512 VNNI or AVX2) on activations quantized to two int8 terms per
-group.  Measured on the default model (2-core Sapphire Rapids, -O2,
+file's bytes, re-laid; Q5_0 / Q5_1 / Q5_K the same tiles plus a plane of fifth
+bits, `q5_supported`) and int8 weights below 16 rows (64 without VNNI), both as
+integer dot products (AVX-512 VNNI or AVX2) on activations quantized to two int8
+terms per group.  Measured on the default model (2-core Sapphire Rapids, -O2,
 ``benchmarks/step_profile.py --baseline``): batch-1 decode 2.5x torch's int4 kernel,
 and teacher-forced top-1 agreement with the float32 model 99.8% (98.6% with torch's
 kernels on bfloat16 activations).  Without a C++ compiler the forms below serve.
@@ -17,7 +18,8 @@ than a bfloat16 GEMM and run ~2x faster; at 32 tokens they are 3-4x slower):
 - ``int4``: Q4_0, Q4_1 and Q4_K are int4 codes with a scale and a min per 32
   elements, which is exactly the input of torch's ``_weight_int4pack_mm_for_cpu``
   (``w = (q - 8) * scale + zero``, so ``zero = min + 8 * scale``): no value changes.
-- ``int8``: every other type (Q5_0, Q5_K, Q6_K, Q8_0, ...) is expanded once at
+- ``int8``: every other type (Q6_K, Q8_0, and the 5-bit ones without minivllm's
+  kernels) is expanded once at
   load and re-quantized to int8 with one scale per output row, for
   ``_weight_int8pack_mm`` (weight-only, like gpt-fast's int8).
 

@@ -182,9 +182,9 @@ def _int8_rows(
 def dequantize_weight(
     kind: int, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """The dense ``[out, in]`` weight in the scales' dtype (``Q4``: ``dtype``)."""
+    """The dense ``[out, in]`` weight in ``dtype``."""
     if kind == INT8:
-        return qweight.to(scales.dtype) * scales[:, None]
+        return qweight.to(dtype) * scales.to(dtype)[:, None]
     if kind == Q4:
         cols = scales.numel() * lowbit_cpu.Q4_GROUP // (2 * qweight.shape[0])
         return torch.ops.minivllm_cpu.q4_dequantize(qweight, scales, cols, dtype)
@@ -196,7 +196,7 @@ def dequantize_weight(
     q = q.view(rows // _N_BLOCK, groups, GROUP, _N_BLOCK)
     sz = scales.view(groups, rows // _N_BLOCK, _N_BLOCK, 2).transpose(0, 1).unsqueeze(2)
     w = q * sz[..., 0] + sz[..., 1]
-    return w.permute(0, 3, 1, 2).reshape(rows, cols)
+    return w.permute(0, 3, 1, 2).reshape(rows, cols).to(dtype)
 
 
 INT8_INT_MM_TOKENS = (16, LOWBIT_MAX_TOKENS)
@@ -266,12 +266,16 @@ def lowbit_linear_impl(
         # Without VNNI/AMX this GEMM is 10-20x slower than torch's weight-only
         # kernel below (an AVX2 EPYC, 16-64 rows), so only where the CPU has them.
         out = int8_act_mm(flat, qweight, scales)
+    elif rows > (LOWBIT_MAX_TOKENS if kind == INT8 else INT4_MAX_TOKENS):
+        # Expanded for this call, in bfloat16 where the CPU has it, float32 elsewhere:
+        # emulated bfloat16 GEMMs are slow (an AVX2 EPYC, Gemma 3's 128-token
+        # prefill: 15.6 ms per int8 [640 x 2048] weight in bfloat16).
+        dtype = scales.dtype if _bf16_in_hardware() else torch.float32
+        out = F.linear(flat.to(dtype), dequantize_weight(kind, qweight, scales, dtype))
     else:
         if flat.dtype != scales.dtype:
             flat = flat.to(scales.dtype)
-        if rows > (LOWBIT_MAX_TOKENS if kind == INT8 else INT4_MAX_TOKENS):
-            out = F.linear(flat, dequantize_weight(kind, qweight, scales))
-        elif kind == INT4:
+        if kind == INT4:
             out = torch._weight_int4pack_mm_for_cpu(flat.contiguous(), qweight, GROUP, scales)
         else:
             out = torch._weight_int8pack_mm(flat.contiguous(), qweight, scales)

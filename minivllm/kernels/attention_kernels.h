@@ -82,23 +82,38 @@ inline void row_offsets(const Shape& s, const int32_t* blocks, int64_t start, in
   }
 }
 
+// What attention of request b's KV head h reads: its `group` query heads at `q`,
+// its context's n rows (from `start`; K at cache + rows[t] + h * hd, V `half`
+// elements further), with `scores` zeroed for group x n values.
+struct PairSpan {
+  int64_t group, hd, n, half;
+  const float* q;
+  const int64_t* rows;
+};
+
+inline PairSpan pair_span(const Shape& s, const float* q, const int32_t* table, int64_t seq_len,
+                          int64_t b, int64_t h, std::vector<float>& scores) {
+  const int64_t group = s.num_heads / s.num_kv, hd = s.head_dim;
+  const int64_t start = s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
+  const int64_t n = seq_len - start;
+  const int64_t half = s.num_blocks * s.block_size * s.num_kv * hd;  // V follows all of K
+  scores.assign(group * std::max<int64_t>(n, 1), 0.f);
+  thread_local std::vector<int64_t> rows;
+  row_offsets(s, table + b * s.table_width, start, seq_len, rows);
+  return {group, hd, n, half, q + (b * s.num_heads + h * group) * hd, rows.data()};
+}
+
 // Attention of request b's `group` query heads (sharing KV head h) over its context.
 template <typename T>
 MINIVLLM_INLINE void one_pair(const Shape& s, const float* q, const T* cache, const int32_t* table,
               int64_t seq_len, int64_t b, int64_t h, float* out, std::vector<float>& scores) {
-  const int64_t group = s.num_heads / s.num_kv, hd = s.head_dim;
-  const int64_t start = s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
-  const int64_t n = seq_len - start;
-  const int64_t row = s.num_kv * hd;  // one token's K (or V) in a block
-  const int64_t half = s.num_blocks * s.block_size * row;  // V follows all of K
-  const int32_t* blocks = table + b * s.table_width;
-  scores.assign(group * std::max<int64_t>(n, 1), 0.f);
-  thread_local std::vector<int64_t> rows;
-  row_offsets(s, blocks, start, seq_len, rows);
+  const PairSpan p = pair_span(s, q, table, seq_len, b, h, scores);
+  const int64_t group = p.group, hd = p.hd, n = p.n, half = p.half;
+  const int64_t* rows = p.rows;
   for (int64_t t = 0; t < n; ++t) {
     const T* k = cache + rows[t] + h * hd;
     for (int64_t g = 0; g < group; ++g)
-      scores[g * n + t] = dot(q + ((b * s.num_heads) + h * group + g) * hd, k, hd) * s.scale;
+      scores[g * n + t] = dot(p.q + g * hd, k, hd) * s.scale;
   }
   for (int64_t g = 0; g < group; ++g) {
     float* sc = scores.data() + g * n;
@@ -176,16 +191,10 @@ template <typename T>
 MINIVLLM_AVX512 void one_pair_avx512(const Shape& s, const float* q, const T* cache,
                                      const int32_t* table, int64_t seq_len, int64_t b, int64_t h,
                                      float* out, std::vector<float>& scores) {
-  const int64_t group = s.num_heads / s.num_kv, hd = s.head_dim;
-  const int64_t start = s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
-  const int64_t n = seq_len - start;
-  const int64_t row = s.num_kv * hd;
-  const int64_t half = s.num_blocks * s.block_size * row;
-  const int32_t* blocks = table + b * s.table_width;
-  const float* qh = q + (b * s.num_heads + h * group) * hd;
-  scores.assign(group * std::max<int64_t>(n, 1), 0.f);
-  thread_local std::vector<int64_t> rows;
-  row_offsets(s, blocks, start, seq_len, rows);
+  const PairSpan p = pair_span(s, q, table, seq_len, b, h, scores);
+  const int64_t group = p.group, hd = p.hd, n = p.n, half = p.half;
+  const int64_t* rows = p.rows;
+  const float* qh = p.q;
   for (int64_t t = 0; t < n; ++t) {
     const T* k = cache + rows[t] + h * hd;
     for (int64_t g = 0; g < group; ++g) {
@@ -299,16 +308,10 @@ template <typename T>
 MINIVLLM_AVX2 void one_pair_avx2(const Shape& s, const float* q, const T* cache,
                                  const int32_t* table, int64_t seq_len, int64_t b, int64_t h,
                                  float* out, std::vector<float>& scores) {
-  const int64_t group = s.num_heads / s.num_kv, hd = s.head_dim;
-  const int64_t start = s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
-  const int64_t n = seq_len - start;
-  const int64_t row = s.num_kv * hd;
-  const int64_t half = s.num_blocks * s.block_size * row;
-  const int32_t* blocks = table + b * s.table_width;
-  const float* qh = q + (b * s.num_heads + h * group) * hd;
-  scores.assign(group * std::max<int64_t>(n, 1), 0.f);
-  thread_local std::vector<int64_t> rows;
-  row_offsets(s, blocks, start, seq_len, rows);
+  const PairSpan p = pair_span(s, q, table, seq_len, b, h, scores);
+  const int64_t group = p.group, hd = p.hd, n = p.n, half = p.half;
+  const int64_t* rows = p.rows;
+  const float* qh = p.q;
   for (int64_t t = 0; t < n; ++t) {
     const T* k = cache + rows[t] + h * hd;
     for (int64_t g = 0; g < group; ++g) {

@@ -353,33 +353,6 @@ void q4_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb
     _mm512_storeu_ps(out + (t / 2) * N, _mm512_add_ps(_mm512_add_ps(acc[t], accm[t]), acc[t + 1]));
 }
 
-void q4_tile_avx512(const Q4Args& p, int64_t tile) {
-  const int64_t groups = p.K / kQ4Group;
-  const uint8_t* w = p.w + tile * (p.K / 8) * 64;
-  const uint8_t* hb = p.hb == nullptr ? nullptr : p.hb + tile * (p.K / 8) * 16;
-  const c10::Half* sm = p.sm + tile * groups * 2 * kRowTile;
-  for (int64_t m = 0; m < p.M; m += kTokTile) {
-    const int64_t nt = std::min<int64_t>(kTokTile, p.M - m);
-    const int8_t* xq = p.a->q.data() + m * p.K;
-    const float* xs = p.a->scale.data() + m * groups;
-    const float* xsum = p.a->sum.data() + m * groups;
-    float* out = p.out + (m / 2) * p.N + tile * kRowTile;
-    if (hb != nullptr) {
-      if (nt == 2) q4_tile_avx512_nt<2, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
-      else q4_tile_avx512_nt<4, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
-    } else if (nt == 2) {
-      q4_tile_avx512_nt<2, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
-    } else {
-      q4_tile_avx512_nt<4, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);  // rows come in pairs
-    }
-  }
-}
-
-__attribute__((target("avx2,fma,f16c")))
-inline __m256i dot_u8s8_avx2(__m256i u, __m256i s) {
-  // u8 x s8 pairs to s16 (codes <= 15 cannot saturate), then pairs to s32.
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
 
 // The 32 bits of `m` as 32 bytes: 16 where bit i is set (byte i), 0 elsewhere.
 __attribute__((target("avx2,fma,f16c")))
@@ -458,27 +431,37 @@ void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
   }
 }
 
-void q4_tile_avx2(const Q4Args& p, int64_t tile) {
+// One tile for every token block of `p`, on `Kernel::run<NT, kHigh>` (NT term rows,
+// 2 or 4: whole tokens; kHigh: the weight has a fifth bits' plane).
+template <typename Kernel>
+void q4_tile_blocks(const Q4Args& p, int64_t tile) {
   const int64_t groups = p.K / kQ4Group;
   const uint8_t* w = p.w + tile * (p.K / 8) * 64;
   const uint8_t* hb = p.hb == nullptr ? nullptr : p.hb + tile * (p.K / 8) * 16;
   const c10::Half* sm = p.sm + tile * groups * 2 * kRowTile;
   for (int64_t m = 0; m < p.M; m += kTokTile) {
-    const int64_t nt = std::min<int64_t>(kTokTile, p.M - m);
+    const bool two = std::min<int64_t>(kTokTile, p.M - m) == 2;  // rows come in pairs
     const int8_t* xq = p.a->q.data() + m * p.K;
     const float* xs = p.a->scale.data() + m * groups;
     const float* xsum = p.a->sum.data() + m * groups;
     float* out = p.out + (m / 2) * p.N + tile * kRowTile;
-    if (hb != nullptr) {
-      if (nt == 2) q4_tile_avx2_nt<2, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
-      else q4_tile_avx2_nt<4, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
-    } else if (nt == 2) {
-      q4_tile_avx2_nt<2, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
-    } else {
-      q4_tile_avx2_nt<4, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);  // rows come in pairs
-    }
+    if (two && hb != nullptr) Kernel::template run<2, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
+    else if (two) Kernel::template run<2, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
+    else if (hb != nullptr) Kernel::template run<4, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
+    else Kernel::template run<4, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
   }
 }
+
+// The kernels `q4_tile_blocks` runs, one per code path.
+struct Avx512Q4 {
+  template <int NT, bool kHigh, typename... Args>
+  static void run(Args... args) { q4_tile_avx512_nt<NT, kHigh>(args...); }
+};
+
+struct Avx2Q4 {
+  template <int NT, bool kHigh, typename... Args>
+  static void run(Args... args) { q4_tile_avx2_nt<NT, kHigh>(args...); }
+};
 #endif
 
 // ---------------------------------------------------------------------------
@@ -656,8 +639,8 @@ void q4_tiles(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const Qu
   const Q4Args p{w, hb, sm, &a, out, 2 * M, K, N};
   for (int64_t t = t0; t < t1; ++t) {
 #if defined(__x86_64__)
-    if (isa == kAvx512) { q4_tile_avx512(p, t); continue; }
-    if (isa == kAvx2) { q4_tile_avx2(p, t); continue; }
+    if (isa == kAvx512) { q4_tile_blocks<Avx512Q4>(p, t); continue; }
+    if (isa == kAvx2) { q4_tile_blocks<Avx2Q4>(p, t); continue; }
 #endif
     q4_tile_portable(p, t);
   }

@@ -78,6 +78,7 @@ struct QuantizedRows {
   std::vector<float> sum;     // [M, K / group]
   std::vector<int32_t> qsum;  // [M, K / group]: sum of the codes
   std::vector<float> fix;     // q8: [M], 128 * sum over groups of scale * code sum
+  std::vector<int16_t> q16;   // q8 on AVX2: [M, K] int16 codes, scales [M, K / 64] in `scale`
 };
 
 struct GroupStats {
@@ -192,13 +193,51 @@ void reserve_rows(QuantizedRows& r, int64_t M, int64_t K) {
     r.qsum.resize(most);
   }
   if (static_cast<int64_t>(r.fix.size()) < 2 * M) r.fix.resize(2 * M);
+  if (static_cast<int64_t>(r.q16.size()) < M * K) r.q16.resize(M * K);
 }
+
+#if defined(__x86_64__)
+// q8 activations on AVX2 (no VNNI): token m's K inputs as one int16 code each,
+// round(x / scale) with scale = max |x| / 32767 per 64 inputs, at r.q16 [m, K] and
+// r.scale [m * K / 64 + g].  One term carries x to ~1/65534 of its group's largest
+// input, finer than the two int8 terms, and `vpmaddwd` multiplies int16 codes by
+// int8 weights widened once per row, where two terms cost the int8 products twice
+// (plus the sign trick's fix-ups) on a CPU without `vpdpbusd`.
+__attribute__((target("avx2,fma,f16c")))
+void quantize_row16_avx2(const float* x, int64_t m, int64_t K, QuantizedRows& r) {
+  const int64_t groups = K / kQ8Group;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* src = x + g * kQ8Group;
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < kQ8Group; i += 8)
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(src + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float scale = _mm_cvtss_f32(m4) / 32767.f;
+    const __m256 inv = _mm256_set1_ps(scale > 0.f ? 1.f / scale : 0.f);
+    int16_t* dst = r.q16.data() + m * K + g * kQ8Group;
+    for (int i = 0; i < kQ8Group; i += 16) {
+      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i), inv));
+      const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8), inv));
+      // packs interleaves 128-bit lanes: 0xD8 puts the 16 codes back in order.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                          _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
+    }
+    r.scale[m * groups + g] = scale;
+  }
+}
+#endif
 
 // Token m (its K inputs at x) into rows 2 m and 2 m + 1 of `r` (reserved for at
 // least m + 1 tokens of K inputs), laid out for K and `group`; also the q8
 // kernels' per-row correction `fix` (128 * sum over groups of scale * code sum).
 void quantize_row(const float* x, int64_t m, int64_t K, int64_t group, int64_t isa,
                   QuantizedRows& r) {
+#if defined(__x86_64__)
+  if (isa == kAvx2 && group == kQ8Group) return quantize_row16_avx2(x, m, K, r);
+#endif
   const int64_t groups = K / group;
   float rest[kQ8Group];  // group <= 64
   float fix_hi = 0.f, fix_lo = 0.f;
@@ -499,7 +538,6 @@ void q8_rows_portable(const Q8Args& p, int64_t r0, int64_t r1) {
 #if defined(__x86_64__)
 // kQ8Rows rows x NT tokens of accumulators, all in registers.
 constexpr int kQ8Rows = 4;
-constexpr int kQ8RowsAvx2 = 2;  // AVX2 has 16 vector registers: 4 rows spilled
 
 template <int NT, int NR>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
@@ -556,66 +594,70 @@ void q8_rows_avx512(const Q8Args& p, int64_t r0, int64_t r1) {
   for (; n < r1; ++n) q8_rows_avx512_nr<1>(p, n);
 }
 
-// NR weight rows against one token's two term rows: each weight vector is loaded
-// once for both, and the NR rows' sums are reduced together at the end.
-template <int NR>
 __attribute__((target("avx2,fma,f16c")))
-void q8_block_avx2(const int8_t* __restrict w, const int8_t* __restrict xq,
-                   const float* __restrict xscale, const float* __restrict row_scale,
-                   float* __restrict out, int64_t K) {
-  // Signed x signed with the sign trick: |x| (unsigned) times w carrying x's sign;
-  // 127 * 127 * 2 fits in int16, so `vpmaddubsw` never saturates.
-  const int64_t groups = K / kQ8Group;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[NR][2];
-  for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    for (int r = 0; r < NR; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + kQ8PrefetchRows) * K + g * kQ8Group),
-                   _MM_HINT_T0);
-    __m256i x[2][2], ax[2][2];
-    for (int t = 0; t < 2; ++t)
-      for (int h = 0; h < 2; ++h) {
-        x[t][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * K + g * kQ8Group + 32 * h));
-        ax[t][h] = _mm256_sign_epi8(x[t][h], x[t][h]);
-      }
-    const __m256 xs0 = _mm256_set1_ps(xscale[g]), xs1 = _mm256_set1_ps(xscale[groups + g]);
-    for (int r = 0; r < NR; ++r) {
-      __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * K + g * kQ8Group + 32 * h));
-        d0 = _mm256_add_epi32(d0, _mm256_madd_epi16(_mm256_maddubs_epi16(ax[0][h], _mm256_sign_epi8(v, x[0][h])), ones));
-        d1 = _mm256_add_epi32(d1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax[1][h], _mm256_sign_epi8(v, x[1][h])), ones));
-      }
-      acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), xs0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), xs1, acc[r][1]);
-    }
-  }
-  for (int r = 0; r < NR; ++r) {
-    float sum[2];
-    for (int t = 0; t < 2; ++t) {
-      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
-      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-      sum[t] = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-    }
-    out[r] = sum[0] * row_scale[r] + sum[1] * row_scale[r];
-  }
+inline float q8_hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// Blocks of kQ8RowsAvx2 weight rows (then single rows), each against every token
-// while it is in L1.
-void q8_rows_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
-  const int64_t groups = p.K / kQ8Group;
-  for (int64_t n = r0; n < r1;) {
-    const int64_t nr = r1 - n >= kQ8RowsAvx2 ? kQ8RowsAvx2 : 1;
-    for (int64_t m = 0; m < p.M; m += 2) {  // rows come in pairs: one token's two terms
-      const int8_t* xq = p.a->q.data() + m * p.K;
-      const float* xs = p.a->scale.data() + m * groups;
-      float* out = p.out + (m / 2) * p.N + n;
-      if (nr == kQ8RowsAvx2) q8_block_avx2<kQ8RowsAvx2>(p.w + n * p.K, xq, xs, p.row_scale + n, out, p.K);
-      else q8_block_avx2<1>(p.w + n * p.K, xq, xs, p.row_scale + n, out, p.K);
+// One int8 weight row against NT tokens' int16 codes (`quantize_row16_avx2`): each
+// group's 64 weights are widened to int16 once for the NT tokens, and each token
+// sums its 4 `vpmaddwd` products in int32 (8 products a lane, each under 2^22).
+// A token's sums run the same way whatever NT is, so its result does not depend
+// on the batch.
+template <int NT>
+__attribute__((target("avx2,fma,f16c")))
+void q8_row16_avx2(const int8_t* __restrict w, const int16_t* __restrict x,
+                   const float* __restrict xscale, float row_scale, float* __restrict out,
+                   int64_t K, int64_t N, bool prefetch) {
+  const int64_t groups = K / kQ8Group;
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    if (prefetch)
+      _mm_prefetch(reinterpret_cast<const char*>(w + kQ8PrefetchRows * K + g * kQ8Group),
+                   _MM_HINT_T0);
+    __m256i wv[4];
+    for (int j = 0; j < 4; ++j)
+      wv[j] = _mm256_cvtepi8_epi16(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + g * kQ8Group + 16 * j)));
+    for (int t = 0; t < NT; ++t) {
+      const __m256i* xt = reinterpret_cast<const __m256i*>(x + t * K + g * kQ8Group);
+      const __m256i d01 = _mm256_add_epi32(_mm256_madd_epi16(wv[0], _mm256_loadu_si256(xt)),
+                                           _mm256_madd_epi16(wv[1], _mm256_loadu_si256(xt + 1)));
+      const __m256i d23 = _mm256_add_epi32(_mm256_madd_epi16(wv[2], _mm256_loadu_si256(xt + 2)),
+                                           _mm256_madd_epi16(wv[3], _mm256_loadu_si256(xt + 3)));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(d01, d23)),
+                               _mm256_set1_ps(xscale[t * groups + g]), acc[t]);
     }
-    n += nr;
+  }
+  for (int t = 0; t < NT; ++t) out[t * N] = q8_hsum_avx2(acc[t]) * row_scale;
+}
+
+// Rows [r0, r1) against every token, in blocks of kQ8Block16 rows x 8 tokens, so
+// that both the rows and the tokens' codes stay in L1 while they meet.
+constexpr int64_t kQ8Block16 = 16;
+
+void q8_rows16_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
+  const int64_t M = p.M / 2, groups = p.K / kQ8Group;  // p.M counts two term rows a token
+  for (int64_t n0 = r0; n0 < r1; n0 += kQ8Block16) {
+    const int64_t n1 = std::min(r1, n0 + kQ8Block16);
+    for (int64_t m = 0; m < M;) {
+      const int64_t left = M - m, nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      const int16_t* x = p.a->q16.data() + m * p.K;
+      const float* xs = p.a->scale.data() + m * groups;
+      for (int64_t n = n0; n < n1; ++n) {
+        const int8_t* w = p.w + n * p.K;
+        float* out = p.out + m * p.N + n;
+        const bool pf = m == 0;
+        if (nt == 8) q8_row16_avx2<8>(w, x, xs, p.row_scale[n], out, p.K, p.N, pf);
+        else if (nt == 4) q8_row16_avx2<4>(w, x, xs, p.row_scale[n], out, p.K, p.N, pf);
+        else if (nt == 2) q8_row16_avx2<2>(w, x, xs, p.row_scale[n], out, p.K, p.N, pf);
+        else q8_row16_avx2<1>(w, x, xs, p.row_scale[n], out, p.K, p.N, pf);
+      }
+      m += nt;
+    }
   }
 }
 #endif
@@ -653,7 +695,7 @@ void q8_rows(const int8_t* w, const float* row_scale, const QuantizedRows& a, in
   const Q8Args p{w, row_scale, &a, out, 2 * M, K, N, a.fix.data()};
 #if defined(__x86_64__)
   if (isa == kAvx512) return q8_rows_avx512(p, r0, r1);
-  if (isa == kAvx2) return q8_rows_avx2(p, r0, r1);
+  if (isa == kAvx2) return q8_rows16_avx2(p, r0, r1);
 #endif
   q8_rows_portable(p, r0, r1);
 }

@@ -1,5 +1,6 @@
 """minivllm's own CPU low-bit kernels (`lowbit_cpu`): every code path this CPU has
-computes exactly "activations quantized to int8 per group, times the weight"."""
+computes exactly "activations quantized per group (two int8 terms; one int16 term
+for int8 weights on AVX2), times the weight"."""
 
 from __future__ import annotations
 
@@ -103,20 +104,38 @@ def test_q4_gemm_on_amx_gives_the_vnni_kernels_bits() -> None:
         lowbit_cpu.amx(1)
 
 
+def _int16_codes(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``x`` as the AVX2 q8 kernel sees it: one int16 code per input, times
+    max |x| / 32767 per ``group`` inputs (codes round x * (1 / scale), as the kernel)."""
+    g = x.view(x.shape[0], -1, group)
+    scale = g.abs().amax(-1, keepdim=True) / 32767
+    inv = torch.where(scale > 0, 1 / scale, 0)
+    return (torch.round(g * inv) * scale).view_as(x)
+
+
 def test_q8_gemm_matches_quantized_reference(isa: int) -> None:
     n, k = 40, 192
     gen = torch.Generator().manual_seed(0)
     w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
     scale = torch.rand(n, generator=gen) * 0.01
     dense = w.float() * scale[:, None]
-    for rows in (1, 2, 5, 9):
+    # AVX2 (no vpdpbusd) reads int16 codes; the others two int8 terms.
+    seen = _int16_codes if isa == 1 else _quantized
+    # token tiles of 8, 4, 2 and 1 (AVX2) and their remainders
+    for rows in (1, 2, 5, 9, 15, 32):
         x = torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 3, k)
+        x[:, 7] *= 40  # one large input sets its group's scale
         got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
-        torch.testing.assert_close(got, _quantized(x, 64) @ dense.T, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got, seen(x, 64) @ dense.T, rtol=1e-5, atol=1e-4)
+        assert ((got - x @ dense.T).norm() / (x @ dense.T).norm()) < 1e-3
         # bfloat16 row scales (the model's form) are read as their float values.
         got16 = torch.ops.minivllm_cpu.q8_gemm(x, w, scale.bfloat16())
-        want16 = _quantized(x, 64) @ (w.float() * scale.bfloat16().float()[:, None]).T
+        want16 = seen(x, 64) @ (w.float() * scale.bfloat16().float()[:, None]).T
         torch.testing.assert_close(got16, want16, rtol=1e-5, atol=1e-4)
+        # A token's outputs do not depend on the tokens beside it (batch invariance).
+        for r in (0, rows - 1):
+            alone = torch.ops.minivllm_cpu.q8_gemm(x[r : r + 1], w, scale)
+            assert torch.equal(got[r : r + 1], alone)
 
 
 def test_shape_errors_are_refused() -> None:

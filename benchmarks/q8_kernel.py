@@ -1,0 +1,59 @@
+"""Time minivllm's int8-weight kernel (``minivllm_cpu::q8_gemm``) on LM-head and
+layer shapes at 1, 8 and 32 rows, with its error against the float product.
+
+    python benchmarks/q8_kernel.py
+
+Shapes: Gemma 3's 262144 x 640 head, the default model's 49152 x 576 head, a
+2048 x 1536 layer.  The kernel's code path is the best this CPU has (AVX-512 VNNI:
+two int8 activation terms; AVX2: one int16 code per input); ``--isa 1`` forces
+AVX2 and ``--isa 0`` the portable C++ for comparison.  Best of a few calls, 2
+threads unless ``--threads``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from minivllm.kernels import lowbit_cpu
+
+
+def best_of(args: tuple[torch.Tensor, ...], n: int) -> float:
+    """Best of ``n`` timed ``q8_gemm(*args)`` calls, after one untimed call."""
+    torch.ops.minivllm_cpu.q8_gemm(*args)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        torch.ops.minivllm_cpu.q8_gemm(*args)
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--isa", type=int, default=-1, help="force a lower code path")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    if not lowbit_cpu.available():
+        raise SystemExit("minivllm's CPU kernels are not built here (no C++ compiler?)")
+    torch.set_num_threads(args.threads)
+    print(f"code path {lowbit_cpu.isa(args.isa)} (0 portable, 1 AVX2, 2 AVX-512)")
+    gen = torch.Generator().manual_seed(0)
+    for n, k in [(262144, 640), (49152, 576), (2048, 1536)]:
+        w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+        scale = torch.rand(n, generator=gen) * 0.01
+        dense = w.float() * scale[:, None]
+        for rows in (1, 8, 32):
+            x = torch.randn(rows, k, generator=gen)
+            x[:, 3] *= 20  # an outlier input, as real hidden states have
+            got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
+            ref = x @ dense.T
+            err = ((got - ref).norm() / ref.norm()).item()
+            t = best_of((x, w, scale), 3 if n > 10**5 else 10)
+            print(f"{n} x {k}, {rows:2d} rows: {t * 1e3:8.2f} ms   relative error {err:.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,11 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from gguf import GGMLQuantizationType as QT
+from gguf import quants
 
 from minivllm.attention.decode_graph import DecodeAttention
 from minivllm.attention.forward_context import DecodeStep, ForwardContext, ForwardContextHandle
 from minivllm.kernels import lowbit_cpu
-from minivllm.model_executor.layers.quantized_linear import Q4
+from minivllm.model_executor.layers.gguf_blocks import q8_0_split
+from minivllm.model_executor.layers.quantized_linear import INT8, Q4
 
 
 def set_q4(linear: torch.nn.Module, gen: torch.Generator) -> None:
@@ -24,6 +27,16 @@ def set_q4(linear: torch.nn.Module, gen: torch.Generator) -> None:
     codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
     linear.quant_kind, linear.weight = Q4, None
     linear.qweight, linear.qscales = codes.view(n, k // 2), scale_min.view(n, -1)
+
+
+def set_q8_0(linear: torch.nn.Module, gen: torch.Generator) -> None:
+    """Give ``linear`` random Q8_0 weights as minivllm's kernels hold them: the
+    file's int8 codes with a float16 scale per 32 inputs (``INT8``, grouped)."""
+    n, k = linear.output_size, linear.input_size
+    dense = torch.randn(n, k, generator=gen) * 0.05
+    blocks = torch.from_numpy(quants.quantize(dense.numpy(), QT.Q8_0))
+    linear.qweight, linear.qscales = q8_0_split(blocks, k)
+    linear.quant_kind, linear.weight = INT8, None
 
 
 class StepHandle:

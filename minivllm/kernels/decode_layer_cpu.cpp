@@ -66,14 +66,21 @@ struct Linear {
   int64_t kind, in, out;
   const at::Tensor* w;
   const uint8_t* hb;  // q5: the fifth bits' plane; q4 and int8: nullptr
-  at::Tensor scales;  // q4: float16 tiles' scales; q8: float32, one per row
+  at::Tensor scales;  // q4: float16 tiles' scales; q8: float32 per row or float16 per 32
   at::Tensor bias;    // undefined: none
+
+  // q8: the per-row scales, or the group scales (Q8_0's [out, in / 32]); else nullptr.
+  bool grouped() const { return kind == kQ8Kind && scales.dim() == 2; }
+  const float* row_scale() const { return grouped() ? nullptr : scales.data_ptr<float>(); }
+  const c10::Half* group_scale() const {
+    return grouped() ? scales.data_ptr<c10::Half>() : nullptr;
+  }
 
   void operator()(const float* x, int64_t M, float* y, QuantizedRows& a) const {
     if (kind == kQ4Kind)
       q4_gemm_raw(x, M, in, w->data_ptr<uint8_t>(), hb, scales.data_ptr<c10::Half>(), out, y, a);
     else
-      q8_gemm_raw(x, M, in, w->data_ptr<int8_t>(), scales.data_ptr<float>(), out, y, a);
+      q8_gemm_raw(x, M, in, w->data_ptr<int8_t>(), row_scale(), group_scale(), out, y, a);
     if (!bias.defined()) return;
     const float* b = bias.data_ptr<float>();
     for (int64_t r = 0; r < M; ++r) {
@@ -101,9 +108,16 @@ Linear make_linear(const at::Tensor& w, const at::Tensor& s, int64_t kind, int64
     return {kind, in, out, &w, hb, s};
   }
   TORCH_CHECK(kind == kQ8Kind && w.scalar_type() == at::kChar && w.dim() == 2 && w.size(1) == in &&
-                  in % kQ8Group == 0 && s.numel() == w.size(0),
+                  in % kQ8Group == 0,
               "decoder_layer: ", name, " is neither a q4 nor an int8 weight");
-  return {kind, in, w.size(0), &w, nullptr, s.to(at::kFloat).contiguous()};
+  if (s.dim() == 2) {  // Q8_0's own scales, one per 32 inputs
+    TORCH_CHECK(s.scalar_type() == at::kHalf && s.size(0) == w.size(0) &&
+                    s.size(1) == in / kQ8WGroup,
+                "decoder_layer: ", name, " group scales must be float16 [outputs, inputs / 32]");
+    return {kind, in, w.size(0), &w, nullptr, s};
+  }
+  TORCH_CHECK(s.numel() == w.size(0), "decoder_layer: ", name, " needs one scale per row");
+  return {kind, in, w.size(0), &w, nullptr, s.to(at::kFloat).reshape(-1).contiguous()};
 }
 
 // x [n] -> x * rsqrt(mean(x^2) + eps) * (weight + offset), into y (may be x).
@@ -452,7 +466,8 @@ int64_t group_of(const Linear& lin) { return lin.kind == kQ4Kind ? kQ4Group : kQ
 
 // Token r's inputs of `lin` (at x) into the shared quantized activations.
 void quantize_for(const Linear& lin, const float* x, int64_t r, QuantizedRows& act) {
-  quantize_row(x, r, lin.in, group_of(lin), minivllm_cpu::active_isa(), act);
+  const int64_t isa = minivllm_cpu::active_isa();
+  quantize_row(x, r, lin.in, group_of(lin), q8_path(isa, lin.grouped()), act);
 }
 
 // This thread's columns of y [B, out] = act @ W.T (+ bias), in runs of 16 (one q4
@@ -469,7 +484,7 @@ void team_linear(const Team& team, const Linear& lin, const QuantizedRows& act, 
     q4_tiles(lin.w->data_ptr<uint8_t>(), lin.hb, lin.scales.data_ptr<c10::Half>(), act, B, lin.in,
              lin.out, y, u0, u1, isa);
   else
-    q8_rows(lin.w->data_ptr<int8_t>(), lin.scales.data_ptr<float>(), act, B, lin.in, lin.out, y,
+    q8_rows(lin.w->data_ptr<int8_t>(), lin.row_scale(), lin.group_scale(), act, B, lin.in, lin.out, y,
             c0, c1, isa);
   if (lin.bias.defined()) {
     const float* b = lin.bias.data_ptr<float>();

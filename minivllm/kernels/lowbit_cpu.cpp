@@ -25,8 +25,10 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   return out;
 }
 
-// out[M, N] = x[M, K] @ (W * row_scale[:, None]).T for row-major int8 W [N, K].
-at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& row_scale) {
+// out[M, N] = x[M, K] @ (W * scale).T for row-major int8 W [N, K]: `scale` is one
+// value per row (any float dtype, read as float32), or float16 [N, K / 32], one per
+// 32 inputs of each row (Q8_0's scales: the file's values, as stored).
+at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale) {
   const at::Tensor xf = float_rows(x);
   const int64_t M = xf.size(0), K = xf.size(1);
   TORCH_CHECK(K % kQ8Group == 0, "q8_gemm: inputs must be a multiple of 64");
@@ -34,12 +36,17 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
                   qweight.size(1) == K,
               "q8_gemm: weight must be int8 [outputs, inputs]");
   const int64_t N = qweight.size(0);
-  const at::Tensor rs = row_scale.to(at::kFloat).contiguous();
-  TORCH_CHECK(rs.numel() == N, "q8_gemm: one scale per output row");
+  const bool grouped = scale.dim() == 2;
+  TORCH_CHECK(!grouped || (scale.scalar_type() == at::kHalf && scale.is_contiguous() &&
+                           scale.size(0) == N && scale.size(1) == K / kQ8WGroup),
+              "q8_gemm: group scales must be float16 [outputs, inputs / 32]");
+  const at::Tensor rs = grouped ? scale : scale.to(at::kFloat).contiguous();
+  TORCH_CHECK(grouped || rs.numel() == N, "q8_gemm: one scale per output row");
   at::Tensor out = at::empty({M, N}, xf.options());
   thread_local QuantizedRows a;
-  q8_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<int8_t>(), rs.data_ptr<float>(), N,
-              out.data_ptr<float>(), a);
+  q8_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<int8_t>(),
+              grouped ? nullptr : rs.data_ptr<float>(),
+              grouped ? rs.data_ptr<c10::Half>() : nullptr, N, out.data_ptr<float>(), a);
   return out;
 }
 

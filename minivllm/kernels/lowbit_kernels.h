@@ -13,7 +13,9 @@
 //   512-bit register holds 16 rows x 4 inputs and `vpdpbusd` (u8 x s8 -> s32)
 //   gives each row its own lane: no horizontal sums;
 // * int8 weights ("q8") are plain row-major int8 with one scale per output row
-//   (the layout torch's `_int_mm` and `_weight_int8pack_mm` also read).
+//   (the layout torch's `_int_mm` and `_weight_int8pack_mm` also read), or with
+//   one float16 scale per 32 inputs of each row: Q8_0's blocks, split into their
+//   codes and scales (the file's bytes, so read as stored).
 //
 // Three code paths, picked once at load from the CPU (or forced, for tests):
 // AVX-512 VNNI, AVX2 (`vpmaddubsw` + `vpmaddwd`) and portable C++.  Work is
@@ -43,6 +45,7 @@ namespace {
 constexpr int kRowTile = 16;   // q4: output rows per tile
 constexpr int kQ4Group = 32;   // q4: inputs per scale / min
 constexpr int kQ8Group = 64;   // q8: inputs per activation scale
+constexpr int kQ8WGroup = 32;  // q8 with group scales (Q8_0): inputs per weight scale
 constexpr int kTokTile = 4;    // tokens computed together (weights unpacked once)
 // How far ahead the AVX-512 kernels prefetch the weight stream (q4: bytes; q8:
 // rows).  Measured on the default model (benchmarks/decode_layer.py, best of 3
@@ -511,7 +514,8 @@ struct Avx2Q4 {
 
 struct Q8Args {
   const int8_t* w;
-  const float* row_scale;
+  const float* row_scale;        // [N], or nullptr with group scales
+  const c10::Half* group_scale;  // [N, K / 32] (Q8_0's scales), or nullptr
   const QuantizedRows* a;
   float* out;
   int64_t M, K, N;
@@ -519,18 +523,24 @@ struct Q8Args {
 };
 
 void q8_rows_portable(const Q8Args& p, int64_t r0, int64_t r1) {
-  const int64_t groups = p.K / kQ8Group;
+  const int64_t groups = p.K / kQ8Group, halves = kQ8Group / kQ8WGroup;
   for (int64_t n = r0; n < r1; ++n) {
     const int8_t* w = p.w + n * p.K;
+    const c10::Half* ws = p.group_scale ? p.group_scale + n * (p.K / kQ8WGroup) : nullptr;
     for (int64_t m = 0; m < p.M; ++m) {
       const int8_t* xq = p.a->q.data() + m * p.K;
       float acc = 0.f;
       for (int64_t g = 0; g < groups; ++g) {
-        int32_t dot = 0;
-        for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; ++i) dot += w[i] * xq[i];
+        float dot = 0.f;  // this group's integer sums, each times its weight scale
+        for (int64_t h = 0; h < halves; ++h) {
+          int32_t part = 0;
+          const int64_t i0 = g * kQ8Group + h * kQ8WGroup;
+          for (int64_t i = i0; i < i0 + kQ8WGroup; ++i) part += w[i] * xq[i];
+          dot += ws ? part * static_cast<float>(ws[g * halves + h]) : static_cast<float>(part);
+        }
         acc += dot * p.a->scale[m * groups + g];
       }
-      put_term(p.out + (m / 2) * p.N + n, acc * p.row_scale[n], m);
+      put_term(p.out + (m / 2) * p.N + n, ws ? acc : acc * p.row_scale[n], m);
     }
   }
 }
@@ -604,13 +614,14 @@ inline float q8_hsum_avx2(__m256 v) {
 // One int8 weight row against NT tokens' int16 codes (`quantize_row16_avx2`): each
 // group's 64 weights are widened to int16 once for the NT tokens, and each token
 // sums its 4 `vpmaddwd` products in int32 (8 products a lane, each under 2^22).
-// A token's sums run the same way whatever NT is, so its result does not depend
-// on the batch.
-template <int NT>
+// With group scales (`ws`: Q8_0's, one per 32 inputs) each half of the group is
+// scaled by its own before the activation scale.  A token's sums run the same way
+// whatever NT is, so its result does not depend on the batch.
+template <int NT, bool kGrouped>
 __attribute__((target("avx2,fma,f16c")))
-void q8_row16_avx2(const int8_t* __restrict w, const int16_t* __restrict x,
-                   const float* __restrict xscale, float row_scale, float* __restrict out,
-                   int64_t K, int64_t N, bool prefetch) {
+void q8_row16_avx2(const int8_t* __restrict w, const c10::Half* __restrict ws,
+                   const int16_t* __restrict x, const float* __restrict xscale, float row_scale,
+                   float* __restrict out, int64_t K, int64_t N, bool prefetch) {
   const int64_t groups = K / kQ8Group;
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
@@ -622,17 +633,45 @@ void q8_row16_avx2(const int8_t* __restrict w, const int16_t* __restrict x,
     for (int j = 0; j < 4; ++j)
       wv[j] = _mm256_cvtepi8_epi16(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + g * kQ8Group + 16 * j)));
+    __m256 s0, s1;
+    if constexpr (kGrouped) {
+      s0 = _mm256_set1_ps(_cvtsh_ss(ws[2 * g].x));
+      s1 = _mm256_set1_ps(_cvtsh_ss(ws[2 * g + 1].x));
+    }
     for (int t = 0; t < NT; ++t) {
       const __m256i* xt = reinterpret_cast<const __m256i*>(x + t * K + g * kQ8Group);
       const __m256i d01 = _mm256_add_epi32(_mm256_madd_epi16(wv[0], _mm256_loadu_si256(xt)),
                                            _mm256_madd_epi16(wv[1], _mm256_loadu_si256(xt + 1)));
       const __m256i d23 = _mm256_add_epi32(_mm256_madd_epi16(wv[2], _mm256_loadu_si256(xt + 2)),
                                            _mm256_madd_epi16(wv[3], _mm256_loadu_si256(xt + 3)));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(d01, d23)),
-                               _mm256_set1_ps(xscale[t * groups + g]), acc[t]);
+      const __m256 xs = _mm256_set1_ps(xscale[t * groups + g]);
+      if constexpr (kGrouped) {
+        const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d23), s1,
+                                         _mm256_mul_ps(_mm256_cvtepi32_ps(d01), s0));
+        acc[t] = _mm256_fmadd_ps(v, xs, acc[t]);
+      } else {
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(d01, d23)), xs, acc[t]);
+      }
     }
   }
   for (int t = 0; t < NT; ++t) out[t * N] = q8_hsum_avx2(acc[t]) * row_scale;
+}
+
+// Row n of `p` against NT (8, 4, 2 or 1) tokens from token m.
+template <bool kGrouped>
+void q8_row16_tokens(const Q8Args& p, int64_t n, int64_t m, int64_t nt) {
+  const int64_t groups = p.K / kQ8Group;
+  const int8_t* w = p.w + n * p.K;
+  const c10::Half* ws = kGrouped ? p.group_scale + n * (p.K / kQ8WGroup) : nullptr;
+  const int16_t* x = p.a->q16.data() + m * p.K;
+  const float* xs = p.a->scale.data() + m * groups;
+  const float rs = kGrouped ? 1.f : p.row_scale[n];
+  float* out = p.out + m * p.N + n;
+  const bool pf = m == 0;
+  if (nt == 8) q8_row16_avx2<8, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  else if (nt == 4) q8_row16_avx2<4, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  else if (nt == 2) q8_row16_avx2<2, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  else q8_row16_avx2<1, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
 }
 
 // Rows [r0, r1) against every token, in blocks of kQ8Block16 rows x 8 tokens, so
@@ -640,27 +679,26 @@ void q8_row16_avx2(const int8_t* __restrict w, const int16_t* __restrict x,
 constexpr int64_t kQ8Block16 = 16;
 
 void q8_rows16_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
-  const int64_t M = p.M / 2, groups = p.K / kQ8Group;  // p.M counts two term rows a token
+  const int64_t M = p.M / 2;  // p.M counts two term rows a token
   for (int64_t n0 = r0; n0 < r1; n0 += kQ8Block16) {
     const int64_t n1 = std::min(r1, n0 + kQ8Block16);
     for (int64_t m = 0; m < M;) {
       const int64_t left = M - m, nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      const int16_t* x = p.a->q16.data() + m * p.K;
-      const float* xs = p.a->scale.data() + m * groups;
       for (int64_t n = n0; n < n1; ++n) {
-        const int8_t* w = p.w + n * p.K;
-        float* out = p.out + m * p.N + n;
-        const bool pf = m == 0;
-        if (nt == 8) q8_row16_avx2<8>(w, x, xs, p.row_scale[n], out, p.K, p.N, pf);
-        else if (nt == 4) q8_row16_avx2<4>(w, x, xs, p.row_scale[n], out, p.K, p.N, pf);
-        else if (nt == 2) q8_row16_avx2<2>(w, x, xs, p.row_scale[n], out, p.K, p.N, pf);
-        else q8_row16_avx2<1>(w, x, xs, p.row_scale[n], out, p.K, p.N, pf);
+        if (p.group_scale) q8_row16_tokens<true>(p, n, m, nt);
+        else q8_row16_tokens<false>(p, n, m, nt);
       }
       m += nt;
     }
   }
 }
 #endif
+
+// The code path a q8 weight takes on `isa`: with group scales there is no AVX-512
+// kernel, so an AVX-512 CPU runs the AVX2 one (and quantizes for it).
+inline int64_t q8_path(int64_t isa, bool grouped) {
+  return grouped && isa == kAvx512 ? kAvx2 : isa;
+}
 
 #include "amx_kernels.h"
 
@@ -688,11 +726,14 @@ void q4_tiles(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const Qu
   }
 }
 
-// Columns [r0, r1) of out[M, N] = x[M, K] @ (W * row_scale[:, None]).T for row-major
-// int8 W [N, K] (K a multiple of 64).
-void q8_rows(const int8_t* w, const float* row_scale, const QuantizedRows& a, int64_t M,
-             int64_t K, int64_t N, float* out, int64_t r0, int64_t r1, int64_t isa) {
-  const Q8Args p{w, row_scale, &a, out, 2 * M, K, N, a.fix.data()};
+// Columns [r0, r1) of out[M, N] = x[M, K] @ (W * scale).T for row-major int8
+// W [N, K] (K a multiple of 64), scaled per row (`row_scale`) or, if `group_scale`
+// is given, per 32 inputs of each row; `a` quantized on `q8_path(isa, ...)`.
+void q8_rows(const int8_t* w, const float* row_scale, const c10::Half* group_scale,
+             const QuantizedRows& a, int64_t M, int64_t K, int64_t N, float* out, int64_t r0,
+             int64_t r1, int64_t isa) {
+  const Q8Args p{w, row_scale, group_scale, &a, out, 2 * M, K, N, a.fix.data()};
+  isa = q8_path(isa, group_scale != nullptr);
 #if defined(__x86_64__)
   if (isa == kAvx512) return q8_rows_avx512(p, r0, r1);
   if (isa == kAvx2) return q8_rows16_avx2(p, r0, r1);
@@ -727,13 +768,13 @@ void q4_gemm_raw(const float* x, int64_t M, int64_t K, const uint8_t* w, const u
   });
 }
 
-// The whole q8 GEMM, on ATen's threads.
+// The whole q8 GEMM (per-row or group scales, as `q8_rows`), on ATen's threads.
 void q8_gemm_raw(const float* x, int64_t M, int64_t K, const int8_t* w, const float* row_scale,
-                 int64_t N, float* out, QuantizedRows& a) {
-  const int64_t isa = minivllm_cpu::active_isa();
+                 const c10::Half* group_scale, int64_t N, float* out, QuantizedRows& a) {
+  const int64_t isa = q8_path(minivllm_cpu::active_isa(), group_scale != nullptr);
   quantize_rows(x, M, K, kQ8Group, isa, a);
   at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
-    q8_rows(w, row_scale, a, M, K, N, out, r0, r1, isa);
+    q8_rows(w, row_scale, group_scale, a, M, K, N, out, r0, r1, isa);
   });
 }
 

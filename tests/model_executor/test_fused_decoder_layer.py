@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fused_layer_helpers import StepHandle, set_q4, with_decode_attention
+from fused_layer_helpers import StepHandle, set_q4, set_q8_0, with_decode_attention
 from transformers import LlamaConfig
 
 from minivllm.attention.forward_context import DecodeStep, ForwardContextHandle
@@ -32,6 +32,8 @@ pytestmark = pytest.mark.skipif(not lowbit_cpu.available(), reason="no C++ compi
 
 HIDDEN, INTER, NH, NKV, HD = 128, 192, 8, 2, 16
 BLOCK, BLOCKS = 4, 64
+Q8_0 = -8
+"""``kinds`` entry for an ``INT8`` linear on Q8_0's own codes and scales per 32."""
 
 
 def _config() -> LlamaConfig:
@@ -54,6 +56,8 @@ def _layer(kinds: tuple[int, int, int, int], rotary_dim: int, window: int | None
     for linear, kind in zip(linears, kinds, strict=True):
         if kind == Q4:
             set_q4(linear, gen)
+        elif kind == Q8_0:
+            set_q8_0(linear, gen)
         else:
             linear.weight.data = torch.randn(linear.weight.shape, generator=gen) * 0.05
             linear.quantize_int8()
@@ -89,8 +93,8 @@ def _step(layer, lens: list[int], cache_dtype: torch.dtype, fused: bool, residua
 
 @pytest.mark.parametrize(
     "kinds",
-    [(Q4, Q4, Q4, Q4), (INT8, INT8, INT8, INT8), (Q4, INT8, Q4, INT8)],
-    ids=["q4", "int8", "mixed"],
+    [(Q4, Q4, Q4, Q4), (INT8, INT8, INT8, INT8), (Q8_0,) * 4, (Q4, INT8, Q8_0, INT8)],
+    ids=["q4", "int8", "q8_0", "mixed"],
 )
 @pytest.mark.parametrize("lens", [[1], [9, 22, 3], [5, 1, 17, 12, 24, 2, 8, 19, 11, 6]])
 def test_fused_layer_matches_the_layer_ops(kinds: tuple[int, int, int, int], lens: list[int]):
@@ -120,7 +124,7 @@ def test_fused_layer_on_lower_instruction_sets(force: int) -> None:
     best = lowbit_cpu.isa()
     if force > best:
         pytest.skip("this CPU lacks that instruction set")
-    layer = _layer((Q4, INT8, Q4, Q4), HD, None)
+    layer = _layer((Q4, INT8, Q4, Q8_0), HD, None)
     lowbit_cpu.isa(force)
     try:
         want = _step(layer, [4, 13], torch.float32, False, True)

@@ -128,6 +128,8 @@ def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
             k_quant = w.qtype in (QT.Q4_K, QT.Q5_K)
             atol = 1e-3 * ref.abs().max().item() if k_quant else 1e-6
             torch.testing.assert_close(dense, ref, rtol=0, atol=atol)
+        elif ql.grouped_int8(scales):  # Q8_0 on minivllm's kernels: the file's values
+            assert w.qtype == QT.Q8_0 and torch.equal(dense, ref)
         else:
             assert kind == ql.INT8 and qweight.dtype == torch.int8, w.qtype.name
             step = ref.abs().amax(dim=1, keepdim=True) / 127
@@ -242,3 +244,69 @@ def test_int8_conversion_in_chunks_equals_the_whole_weight_at_once(
     assert torch.equal(scales, expected_scale)
     assert torch.equal(codes, expected.to(torch.int8))
     assert torch.equal(float_part, kept)
+
+
+@pytest.mark.skipif(not ql.native_kernels(), reason="needs minivllm's C++ kernels")
+def test_q8_0_is_computed_on_the_files_codes_and_scales(
+    weights: list[GGUFWeight], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where the CPU lacks VNNI/AMX, Q8_0 is not re-quantized per row: its codes and
+    # float16 scales per 32 are split from the blocks, exactly the file's values.
+    monkeypatch.setattr(ql, "cpu_has_fast_int8_matmul", lambda: False)
+    monkeypatch.setattr(ql, "int8_act_mm", lambda *a: pytest.fail("int8_act_mm ran"))
+    w = next(w for w in weights if w.qtype == QT.Q8_0)
+    ref = _reference(w)
+    kind, codes, scales = ql.quantize_parts([w])
+    assert kind == ql.INT8 and ql.grouped_int8(scales) and scales.dtype == torch.float16
+    assert codes.nbytes + scales.nbytes == w.data.nbytes  # the file's bytes, no more
+    assert torch.equal(ql.dequantize_weight(kind, codes, scales), ref)
+    again = ql.quantize_parts([w])  # a tied embedding asks again: the same tensors
+    assert again[1] is codes and again[2] is scales
+    x = torch.randn(40, w.shape[1]) * 2
+    exact = x @ ref.T
+    for rows in (1, 7, 32, ql.LOWBIT_MAX_TOKENS + 1):
+        got = ql.lowbit_linear(x[:rows], codes, scales, None, kind)
+        assert (got - exact[:rows]).norm() / exact[:rows].norm() < 1e-3, rows
+    # The head's approximate logits, then its top ones exactly from codes and scales.
+    logits = ql.lowbit_logits(x[:32], codes, scales, kind)
+    ql.refine_top_logits(x[:32], logits, codes, ql.PLAIN_TABLE, scales)
+    top = exact[:32].topk(4, dim=-1).indices
+    torch.testing.assert_close(
+        logits.gather(1, top), exact[:32].gather(1, top), rtol=1e-5, atol=1e-4
+    )
+    assert torch.equal(logits.argmax(-1), exact[:32].argmax(-1))
+
+
+@pytest.mark.parametrize("fast_int8", [False, True], ids=["avx2", "vnni"])
+def test_tied_q8_0_table_is_held_once(
+    weights: list[GGUFWeight], fast_int8: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Gemma 3's tied 262k x 640 Q8_0 table: the lookup, the head's exact top logits
+    # and (without VNNI/AMX) the head's kernel all read one pair of tensors.
+    from minivllm.model_executor.layers.vocab_embedding import (
+        LogitsProcessor,
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
+
+    monkeypatch.setattr(ql, "cpu_has_fast_int8_matmul", lambda: fast_int8)
+    w = next(w for w in weights if w.qtype == QT.Q8_0)
+    w = GGUFWeight(w.data, w.qtype, w.shape)  # a fresh one: nothing split yet
+    ref = _reference(w)
+    rows, cols = w.shape
+    embed, head = VocabParallelEmbedding(rows, cols), ParallelLMHead(rows, cols)
+    head.tie_weights(embed)
+    embed.weight.weight_loader(embed.weight, w)
+    head.process_weights_after_loading(torch.float32)
+    embed.process_weights_after_loading(torch.float32)
+    assert head.qtable is embed.qtable and head.table_scales is embed.table_scales
+    native = ql.native_kernels() and not fast_int8
+    assert (head.qweight is embed.qtable) == native
+    ids = torch.tensor([[3, 0], [rows - 1, 3]])
+    assert torch.equal(embed(ids), ref[ids])
+    x = torch.randn(5, cols)
+    logits = LogitsProcessor(rows)(head, x)
+    exact = x @ ref.T
+    assert torch.equal(logits.argmax(-1), exact.argmax(-1))
+    top = exact.topk(4, dim=-1).indices
+    torch.testing.assert_close(logits.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)

@@ -138,6 +138,31 @@ def test_q8_gemm_matches_quantized_reference(isa: int) -> None:
             assert torch.equal(got[r : r + 1], alone)
 
 
+def test_q8_gemm_reads_q8_0_scales_per_32_inputs(isa: int) -> None:
+    # Q8_0 as stored: the file's codes with a float16 scale per 32 inputs, which
+    # the AVX-512 path hands to the AVX2 kernel (one int16 code per input).
+    n, k = 36, 256
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scale = (torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-4).half()
+    scale[3, 2] = 0  # an all-zero block of the file
+    dense = (w.float().view(n, -1, 32) * scale.float()[..., None]).view(n, k)
+    seen = _quantized if isa == 0 else _int16_codes
+    for rows in (1, 3, 8, 17, 64):
+        x = torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 3, k)
+        x[:, 40] *= 50
+        got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
+        torch.testing.assert_close(got, seen(x, 64) @ dense.T, rtol=1e-5, atol=1e-4)
+        # The per-32 scales matter: one scale a row would give other outputs.
+        flat = torch.ops.minivllm_cpu.q8_gemm(x, w, scale.float().mean(1))
+        assert (flat - got).abs().max() > 1e-2
+        for r in (0, rows - 1):
+            alone = torch.ops.minivllm_cpu.q8_gemm(x[r : r + 1], w, scale)
+            assert torch.equal(got[r : r + 1], alone)
+    with pytest.raises(RuntimeError, match="scale"):
+        torch.ops.minivllm_cpu.q8_gemm(x, w, scale.float())  # per-32 scales are float16
+
+
 def test_shape_errors_are_refused() -> None:
     q, scale, mins = _q4_weight(32, 64)
     codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)

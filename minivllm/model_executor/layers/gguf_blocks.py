@@ -11,12 +11,15 @@ The 5-bit formats (Q5_0, Q5_1, Q5_K) are the same with ``q`` in 0..31
 
 `dequantize_rows` turns raw rows back into floats (the embedding lookup); it
 gives exactly the values of ``gguf.quants.dequantize`` (tested per type).
+Q8_0 (int8 codes with a float16 scale per 32) is split once into its codes and
+scales (`GGUFWeight.q8_0_parts`), which the int8 kernels, the embedding lookup and
+the LM head's exact top logits all read: the file's bytes, held once.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -46,6 +49,19 @@ class GGUFWeight:
     """The GGUF tensor type."""
     shape: tuple[int, int]
     """``(rows, cols)`` of the weight it encodes (HF order)."""
+    _q8_0: tuple[torch.Tensor, torch.Tensor] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def q8_0_parts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A Q8_0 weight's codes ``int8 [rows, cols]`` and scales ``float16
+        [rows, cols / 32]``, split from the blocks once: every caller (a tied
+        embedding and LM head) gets the same two tensors."""
+        if self.qtype != QT.Q8_0:
+            raise ValueError(f"q8_0_parts needs a Q8_0 weight, not {self.qtype.name}")
+        if self._q8_0 is None:
+            self._q8_0 = q8_0_split(self.data, self.shape[1])
+        return self._q8_0
 
     @property
     def nbytes(self) -> int:
@@ -151,6 +167,26 @@ def int5_affine(
     return q.reshape(rows, cols), scale.reshape(rows, groups), mn.reshape(rows, groups)
 
 
+def q8_0_split(data: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 rows ``uint8 [rows, row_bytes]`` as their int8 codes ``[rows, cols]`` and
+    float16 scales ``[rows, cols / 32]`` (each block: a float16, then 32 codes)."""
+    rows = data.shape[0]
+    blocks = data.reshape(rows, cols // 32, 34)
+    scales = blocks[..., :2].contiguous().view(torch.float16).reshape(rows, cols // 32)
+    codes = blocks[..., 2:].contiguous().view(torch.int8).reshape(rows, cols)
+    return codes, scales
+
+
+def scaled_rows(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Float32 values of int8 ``codes [rows, cols]`` times their ``scales``: one a
+    row (``[rows]``) or one per 32 inputs (``[rows, cols / 32]``, Q8_0's)."""
+    if scales.dim() == 1:
+        return codes.float() * scales.float()[:, None]
+    rows, cols = codes.shape
+    groups = codes.view(rows, -1, 32).float() * scales.float()[..., None]
+    return groups.view(rows, cols)
+
+
 def dequantize_rows(data: torch.Tensor, qtype: QT, cols: int) -> torch.Tensor:
     """Float32 ``[rows, cols]`` from raw rows ``uint8 [rows, row_bytes]``."""
     rows = data.shape[0]
@@ -178,4 +214,6 @@ __all__ = [
     "dequantize_rows",
     "int4_affine",
     "int5_affine",
+    "q8_0_split",
+    "scaled_rows",
 ]

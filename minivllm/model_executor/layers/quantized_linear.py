@@ -21,7 +21,9 @@ than a bfloat16 GEMM and run ~2x faster; at 32 tokens they are 3-4x slower):
 - ``int8``: every other type (Q6_K, Q8_0, and the 5-bit ones without minivllm's
   kernels) is expanded once at
   load and re-quantized to int8 with one scale per output row, for
-  ``_weight_int8pack_mm`` (weight-only, like gpt-fast's int8).
+  ``_weight_int8pack_mm`` (weight-only, like gpt-fast's int8).  On minivllm's
+  kernels Q8_0 is not: its codes and float16 scales per 32 inputs are split from
+  the blocks and computed on as stored (`q8_0_native`).
 
 Both kernels' cost grows linearly with rows (they do not use AMX), so a large
 batch (prefill chunks) expands the weight to bfloat16 for that call and runs a
@@ -50,6 +52,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType as QT
 
 from minivllm import envs
 from minivllm.kernels import lowbit_cpu
@@ -60,6 +63,7 @@ from minivllm.model_executor.layers.gguf_blocks import (
     dequantize_rows,
     int4_affine,
     int5_affine,
+    scaled_rows,
 )
 from minivllm.platforms.cpu import cpu_has_fast_int8_matmul, cpu_has_native_bf16
 from minivllm.torch_ops import eager_or_op, register_op
@@ -83,8 +87,10 @@ Q4_MAX_TOKENS = 64
 
 INT4, INT8, Q4 = 4, 8, 5
 """Low-bit forms: ``INT4`` torch's packed int4 (``_weight_int4pack_mm_for_cpu``),
-``INT8`` row-major int8 codes with one scale per row, ``Q4`` int4 codes tiled for
-minivllm's own kernels (`lowbit_cpu`: int8 activations, VNNI/AVX2 dot products)."""
+``INT8`` row-major int8 codes with one scale per row, or (Q8_0 on minivllm's
+kernels, `q8_0_native`) with the file's float16 scale per 32 inputs, ``Q4`` int4
+codes tiled for minivllm's own kernels (`lowbit_cpu`: int8 activations, VNNI/AVX2
+dot products)."""
 GROUP = 32
 _N_BLOCK = 64  # torch's CPU int4 packing interleaves output rows in blocks of 64
 
@@ -112,6 +118,28 @@ def q5_supported(parts: list[GGUFWeight]) -> bool:
     )
 
 
+def q8_0_native(parts: list[GGUFWeight]) -> bool:
+    """Whether minivllm's int8 kernel computes this weight on Q8_0's own codes and
+    float16 scales per 32 inputs (``INT8`` with group scales): read as stored, and
+    exactly the file's values, where re-quantizing per row rounds them again.
+
+    Only where the CPU lacks VNNI/AMX: the kernel for group scales is the AVX2 one,
+    and with VNNI/AMX the per-row form's int8 x int8 GEMMs (16-64 rows: the LM
+    head of a batched step) are several times faster than it."""
+    return (
+        native_kernels()
+        and not cpu_has_fast_int8_matmul()
+        and all(p.qtype == QT.Q8_0 for p in parts)
+        and parts[0].shape[1] % lowbit_cpu.Q8_GROUP == 0
+    )
+
+
+def grouped_int8(scales: torch.Tensor) -> bool:
+    """Whether an ``INT8`` weight's ``scales`` are Q8_0's, one per 32 inputs
+    (only minivllm's kernel reads those; torch's int8 kernels take one a row)."""
+    return scales.dim() == 2
+
+
 def _affine(part: GGUFWeight, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if part.qtype in INT5_TYPES:
         return int5_affine(part.data, part.qtype, cols)
@@ -123,6 +151,11 @@ def quantize_parts(
 ) -> tuple[int, torch.Tensor, torch.Tensor]:
     """``(kind, qweight, scales)`` for the weight made of ``parts`` stacked on rows."""
     gguf = all(isinstance(p, GGUFWeight) for p in parts)
+    if gguf and q8_0_native(parts):  # type: ignore[arg-type]
+        if len(parts) == 1:  # shared with a tied embedding
+            return INT8, *parts[0].q8_0_parts()  # type: ignore[union-attr]
+        split = [p.q8_0_parts() for p in parts]  # type: ignore[union-attr]
+        return INT8, torch.cat([c for c, _ in split]), torch.cat([s for _, s in split])
     if gguf and q5_supported(parts):  # type: ignore[arg-type]
         cols = parts[0].shape[1]
         affine = [_affine(p, cols) for p in parts]  # type: ignore[arg-type]
@@ -183,6 +216,8 @@ def dequantize_weight(
     kind: int, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """The dense ``[out, in]`` weight in ``dtype``."""
+    if kind == INT8 and grouped_int8(scales):
+        return scaled_rows(qweight, scales).to(dtype)
     if kind == INT8:
         return qweight.to(dtype) * scales.to(dtype)[:, None]
     if kind == Q4:
@@ -255,12 +290,15 @@ def lowbit_linear_impl(
     elif (
         kind == INT8
         and _q8_native(qweight)
-        and (rows < low or (rows <= high and not cpu_has_fast_int8_matmul()))
+        and (
+            rows < low
+            or (rows <= high and (grouped_int8(scales) or not cpu_has_fast_int8_matmul()))
+        )
     ):
         # Without VNNI/AMX minivllm's AVX2 kernel stays ahead of torch's weight-only
         # one up to 64 rows (the default model's LM head, an AVX2 EPYC, best of 5:
         # 29 against 47 ms at 32 rows), and one kernel for 1-64 rows keeps a row's
-        # result the same whatever the batch.
+        # result the same whatever the batch.  Q8_0's group scales only it reads.
         out = torch.ops.minivllm_cpu.q8_gemm(flat, qweight, scales)
     elif kind == INT8 and low <= rows <= high and cpu_has_fast_int8_matmul():
         # Without VNNI/AMX this GEMM is 10-20x slower than torch's weight-only
@@ -384,6 +422,7 @@ def lowbit_logits_impl(
     flat = x.reshape(-1, x.shape[-1])
     if (
         kind != INT8
+        or grouped_int8(scales)
         or flat.shape[0] < INT_MM_MIN_TOKENS
         or not cpu_has_fast_int8_matmul()
         or envs.batch_invariant()
@@ -430,7 +469,7 @@ def _top_indices(logits: torch.Tensor, k: int, chunk: int = 64) -> torch.Tensor:
 
 PLAIN_TABLE = -1
 """``qtype`` of `refine_top_logits` for a table of plain rows: float, or int8 codes
-with one scale per row (not a GGUF type: those are 0 and up)."""
+with one scale per row or per 32 inputs (not a GGUF type: those are 0 and up)."""
 
 
 def refine_top_logits_impl(
@@ -443,7 +482,7 @@ def refine_top_logits_impl(
     """Recompute, in place, each row's `REFINE_TOP` largest ``logits`` in float32
     from the exact weights ``table``; the rest stay as given.  ``table`` holds raw
     GGUF rows of type ``qtype``, or (``qtype`` `PLAIN_TABLE`) float rows, or int8
-    rows whose per-row ``scales`` give the values.
+    rows whose ``scales`` (one a row, or Q8_0's one per 32 inputs) give the values.
 
     The low-bit LM head gives bfloat16 logits (and an int8 head re-quantizes the
     file's values), which alone cost ~4% top-1 agreement with the float32 model
@@ -458,13 +497,9 @@ def refine_top_logits_impl(
     top = _top_indices(flat, k).reshape(-1)
     picked = table.index_select(0, top)
     if qtype == PLAIN_TABLE:
-        rows = picked.float()
-        if scales is not None:
-            rows = rows * scales.index_select(0, top).float()[:, None]
+        rows = picked.float() if scales is None else scaled_rows(picked, scales[top])
     else:
-        from gguf import GGMLQuantizationType
-
-        rows = dequantize_rows(picked, GGMLQuantizationType(qtype), dim)
+        rows = dequantize_rows(picked, QT(qtype), dim)
     exact = torch.bmm(rows.view(-1, k, dim), x.reshape(-1, dim, 1).float()).squeeze(-1)
     flat.scatter_(1, top.view(-1, k), exact)
 
@@ -500,6 +535,8 @@ __all__ = [
     "lowbit_linear",
     "q4_kernel_linear",
     "lowbit_logits",
+    "q8_0_native",
+    "grouped_int8",
     "quantize_parts",
     "refine_top_logits",
 ]

@@ -3,7 +3,11 @@
 Given quantized GGUF blocks (`GGUFWeight`), the embedding keeps the raw blocks
 and expands only the rows it looks up (exactly the file's values), and the LM
 head computes on a low-bit copy (`quantized_linear`) and recomputes each row's
-top logits exactly from the blocks.  A tied pair shares one
+top logits exactly from the blocks.  A Q8_0 table is held as its codes and
+float16 scales instead (`GGUFWeight.q8_0_parts`), which the lookup, the head's
+kernel (on minivllm's kernels) and its exact top logits all read: a tied Q8_0
+pair (Gemma 3's 262k x 640 table) then holds the file's bytes once, not the
+blocks beside an int8 copy.  A tied pair shares one
 parameter, so the blocks ride on that parameter until both have taken them.
 With ``quantization="int8_per_channel"`` the head is quantized to int8 at load
 (`ParallelLMHead.quantize_int8`) and the embedding stays float; the top logits
@@ -15,10 +19,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from minivllm.model_executor.layers import cpu_gemm
-from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_rows
+from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_rows, scaled_rows
 from minivllm.model_executor.layers.quantized_linear import (
     PLAIN_TABLE,
     lowbit_logits,
@@ -62,6 +67,9 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = make_param(num_embeddings, embedding_dim)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.register_buffer("qtable", None, persistent=False)
+        self.register_buffer("table_scales", None, persistent=False)
+        """Scales of ``qtable``'s int8 rows (one a row, or per 32 inputs: Q8_0's);
+        None when ``qtable`` holds float rows or raw GGUF blocks."""
         self.qtype = 0
         self.out_dtype = self.weight.dtype
 
@@ -77,10 +85,23 @@ class VocabParallelEmbedding(nn.Module):
         source = getattr(self.weight, _GGUF_ATTR, None)
         if source is None:
             return
-        self.qtable, self.qtype, self.out_dtype = source.data, int(source.qtype), dtype
+        self.out_dtype = dtype
+        self._take_table(source)
         self.weight = None  # type: ignore[assignment]
 
+    def _take_table(self, source: GGUFWeight) -> None:
+        """``source`` as the exact table (a Q8_0 one as codes and scales)."""
+        if source.qtype == GGMLQuantizationType.Q8_0:
+            self.qtable, self.table_scales = source.q8_0_parts()
+            self.qtype = PLAIN_TABLE
+        else:
+            self.qtable, self.qtype = source.data, int(source.qtype)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.table_scales is not None:
+            flat = input_ids.reshape(-1)
+            rows = scaled_rows(self.qtable[flat], self.table_scales[flat])
+            return rows.view(*input_ids.shape, -1).to(self.out_dtype)
         if self.qtable is not None:
             if torch.compiler.is_compiling():
                 rows = gguf_embedding(input_ids, self.qtable, self.qtype, self.embedding_dim)
@@ -105,8 +126,6 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.register_buffer("qscales", None, persistent=False)
         self.tied = False
         """Whether the weight is the embedding's (`tie_weights`)."""
-        self.qtable_scaled = False
-        """Whether ``qtable`` holds int8 rows that ``qscales`` scale (an untied int8 head)."""
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
         """Use the embedding table as the output projection (``tie_word_embeddings``)."""
@@ -118,12 +137,13 @@ class ParallelLMHead(VocabParallelEmbedding):
 
         The raw blocks stay too (``qtable``, the embedding's own tensor when the
         two are tied, so no extra memory): the top logits are recomputed from them.
+        A Q8_0 head's kernel computes on its codes and scales, the same tensors.
         """
         source = getattr(self.weight, _GGUF_ATTR, None)
         if source is None:
             return
         self.quant_kind, self.qweight, self.qscales = quantize_parts([source])
-        self.qtable, self.qtype = source.data, int(source.qtype)
+        self._take_table(source)
         self.weight = None  # type: ignore[assignment]
 
     def quantize_int8(self) -> None:
@@ -136,7 +156,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.quant_kind, self.qweight, self.qscales = quantize_parts([weight])
         self.qtype = PLAIN_TABLE
         self.qtable = weight if self.tied else self.qweight
-        self.qtable_scaled = not self.tied
+        self.table_scales = None if self.tied else self.qscales
         self.weight = None  # type: ignore[assignment]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -156,8 +176,8 @@ class LogitsProcessor(nn.Module):
         if lm_head.quant_kind:
             q = (lm_head.qweight, lm_head.qscales)
             logits = lowbit_logits(hidden_states, *q, lm_head.quant_kind)
-            scales = lm_head.qscales if lm_head.qtable_scaled else None
-            refine_top_logits(hidden_states, logits, lm_head.qtable, lm_head.qtype, scales)
+            table, scales = lm_head.qtable, lm_head.table_scales
+            refine_top_logits(hidden_states, logits, table, lm_head.qtype, scales)
         elif lm_head.use_packed_gemm:
             logits = cpu_gemm.linear(hidden_states, lm_head.weight, None).float()
         else:

@@ -6,8 +6,10 @@ layer shapes at 1, 8 and 32 rows, with its error against the float product.
 Shapes: Gemma 3's 262144 x 640 head, the default model's 49152 x 576 head, a
 2048 x 1536 layer.  The kernel's code path is the best this CPU has (AVX-512 VNNI:
 two int8 activation terms; AVX2: one int16 code per input); ``--isa 1`` forces
-AVX2 and ``--isa 0`` the portable C++ for comparison.  Best of a few calls, 2
-threads unless ``--threads``.
+AVX2 and ``--isa 0`` the portable C++ for comparison.  Each shape runs with one
+scale per row and with Q8_0's float16 scales per 32 inputs (``group``: the file's
+form, as the kernels read it on CPUs without VNNI/AMX), the two in turns.  Best of
+a few calls, 2 threads unless ``--threads``.
 """
 
 from __future__ import annotations
@@ -43,16 +45,24 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     for n, k in [(262144, 640), (49152, 576), (2048, 1536)]:
         w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
-        scale = torch.rand(n, generator=gen) * 0.01
-        dense = w.float() * scale[:, None]
+        row = torch.rand(n, generator=gen) * 0.01
+        group = (torch.rand(n, k // 32, generator=gen) * 0.01).half()
+        dense = {
+            "row": w.float() * row[:, None],
+            "group": (w.float().view(n, -1, 32) * group.float()[..., None]).view(n, k),
+        }
         for rows in (1, 8, 32):
             x = torch.randn(rows, k, generator=gen)
             x[:, 3] *= 20  # an outlier input, as real hidden states have
-            got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
-            ref = x @ dense.T
-            err = ((got - ref).norm() / ref.norm()).item()
-            t = best_of((x, w, scale), 3 if n > 10**5 else 10)
-            print(f"{n} x {k}, {rows:2d} rows: {t * 1e3:8.2f} ms   relative error {err:.1e}")
+            for name, scale in (("row", row), ("group", group)):
+                got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
+                ref = x @ dense[name].T
+                err = ((got - ref).norm() / ref.norm()).item()
+                t = best_of((x, w, scale), 3 if n > 10**5 else 10)
+                print(
+                    f"{n} x {k}, {rows:2d} rows, {name:5} scales: {t * 1e3:8.2f} ms"
+                    f"   relative error {err:.1e}"
+                )
 
 
 if __name__ == "__main__":

@@ -119,6 +119,24 @@ def test_block_cache_size_comes_from_the_environment(monkeypatch: pytest.MonkeyP
         envs.cpu_block_cache_bytes()
 
 
+TRIM = """
+import torch
+from minivllm.worker.worker import configure_cpu_malloc, trim_cpu_heap
+configure_cpu_malloc()
+blocks = [torch.ones(1 << 18) for _ in range(200)]  # 200 MiB of 1 MiB heap blocks
+del blocks
+print(trim_cpu_heap() >> 20)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc_trim")
+def test_freed_heap_goes_back_after_start_up() -> None:
+    # With the fixed trim threshold up to 256 MiB of freed heap would stay resident
+    # (the float temporaries of loading a GGUF file): the worker trims once.
+    out = subprocess.run([sys.executable, "-c", TRIM], capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) >= 150
+
+
 def test_user_malloc_tuning_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     from minivllm.worker.worker import configure_cpu_malloc
 

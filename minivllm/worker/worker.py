@@ -86,6 +86,27 @@ def configure_cpu_malloc() -> bool:
     )
 
 
+def trim_cpu_heap() -> int:
+    """Hand the heap's free pages back to the OS (glibc's ``malloc_trim``); returns
+    the bytes the resident set fell by (0 off glibc).
+
+    Loading a GGUF file converts its tensors through float temporaries, and the
+    fixed trim threshold (`configure_cpu_malloc`) lets up to 256 MiB of that freed
+    heap stay resident for good: Gemma 3 270M's process held ~250 MiB more than its
+    live tensors after start-up.  Called once, when loading and warm-up are done;
+    the steps' own working set then grows back and stays (the point of the
+    threshold)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return 0
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return 0
+    before = psutil.Process().memory_info().rss
+    libc.malloc_trim(0)
+    return max(0, before - psutil.Process().memory_info().rss)
+
+
 class Worker:
     """Runs the model (or this rank's part of it) on one device for the engine.
 
@@ -193,6 +214,8 @@ class Worker:
                 logger.info(
                     "CPU worker: freed blocks of 16 MiB and up reused (%d MiB)", limit >> 20
                 )
+            trimmed = trim_cpu_heap()
+            logger.info("CPU worker: %d MiB of load-time heap handed back", trimmed >> 20)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)

@@ -194,3 +194,22 @@ def test_whole_model_native_equals_optimized():
         }
         logits.append(PagedRunner(model).step([("a", list(range(10)))]))
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_table_covers_the_engines_max_model_len() -> None:
+    # Built for an engine, the cos/sin table stops at its max_model_len (Gemma 3's
+    # two 32k-position tables are a quarter of its file); alone, at max_position.
+    from minivllm.config.model import ModelConfig
+    from minivllm.config.vllm import VllmConfig
+
+    params = {"rope_theta": 10000.0, "rope_type": "default"}
+    assert RotaryEmbedding(32, 32, 4096, params).cos_sin_cache.shape[0] == 4096
+    with set_current_vllm_config(VllmConfig(model_config=ModelConfig(max_model_len=300))):
+        short = RotaryEmbedding(32, 32, 4096, params)
+    assert short.cos_sin_cache.shape[0] == 300
+    pos = torch.tensor([0, 1, 150, 299])
+    q, k = torch.randn(4, 4 * 32), torch.randn(4, 2 * 32)
+    for got, want in zip(
+        short.forward_optimized(pos, q, k), short.forward_native(pos, q, k), strict=True
+    ):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

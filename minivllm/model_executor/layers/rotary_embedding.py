@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from minivllm.config.vllm import get_current_vllm_config_or_none
 from minivllm.model_executor.custom_op import CustomOp
 
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -100,12 +101,23 @@ def _inv_freq(
     )
 
 
+def table_rows(max_position: int) -> int:
+    """Positions the cos/sin table covers: the engine's ``max_model_len`` when a model
+    is built for one (no position reaches it; Gemma 3 270M's two tables at 32k
+    positions are 64 MiB, a quarter of its file, where 1k positions need 2 MiB),
+    else the model's ``max_position``."""
+    cfg = get_current_vllm_config_or_none()
+    model_config = None if cfg is None else cfg.model_config
+    max_len = None if model_config is None else model_config.max_model_len
+    return max_len or max_position
+
+
 @CustomOp.register("rotary_embedding")
 class RotaryEmbedding(CustomOp):
     """Applies rotary embeddings to flat ``q [T, nh*hd]`` and ``k [T, nkv*hd]``.
 
     The native path computes cos/sin from the positions each call; the optimized
-    path indexes a cos/sin table precomputed up to ``max_position``.
+    path indexes a cos/sin table precomputed up to `table_rows`.
     """
 
     def __init__(
@@ -121,7 +133,8 @@ class RotaryEmbedding(CustomOp):
         self.max_position = max_position
         inv_freq, self.mscale = _inv_freq(rotary_dim, rope_parameters, max_position)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        rows = table_rows(max_position)
+        freqs = torch.arange(rows, dtype=torch.float32)[:, None] * inv_freq[None, :]
         # Kept as a float32 buffer; cast at use so a bf16 model keeps full-precision angles.
         cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
         if self.mscale != 1.0:

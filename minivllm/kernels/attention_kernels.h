@@ -13,8 +13,10 @@
 // Work is split over (request, KV head) pairs with ATen's thread pool (even 3
 // pairs: one request of the default model measured faster on both threads than
 // on one).  On AVX-512 CPUs (head size a multiple of 16) and AVX2 ones (a
-// multiple of 8) the inner loops are intrinsics, softmax's exp a polynomial;
-// elsewhere plain C++ built for AVX-512, AVX2 and baseline x86-64, picked at
+// multiple of 8) the inner loops are intrinsics held in registers: scores four
+// keys at a time for up to four (AVX2: three) query heads, each key chunk loaded
+// once for all of them, and the weighted values summed in registers over 64 (24)
+// columns while the keys stream past; softmax's exp is a polynomial.  Elsewhere plain C++ built for AVX-512, AVX2 and baseline x86-64, picked at
 // load by the CPU (`target_clones`).
 
 #pragma once
@@ -28,7 +30,15 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+namespace minivllm_cpu {
+// The kernels' code path (0 portable, 1 AVX2, 2 AVX-512) and whether a test lowered
+// it below this CPU's best (`lowbit_isa`; defined in lowbit_cpu.cpp).
+int64_t active_isa();
+bool isa_lowered();
+}  // namespace minivllm_cpu
 
 namespace {
 
@@ -187,35 +197,72 @@ MINIVLLM_AVX512 inline void softmax_avx512(float* sc, int64_t n) {
   }
 }
 
-template <typename T>
-MINIVLLM_AVX512 void one_pair_avx512(const Shape& s, const float* q, const T* cache,
-                                     const int32_t* table, int64_t seq_len, int64_t b, int64_t h,
-                                     float* out, std::vector<float>& scores) {
-  const PairSpan p = pair_span(s, q, table, seq_len, b, h, scores);
-  const int64_t group = p.group, hd = p.hd, n = p.n, half = p.half;
-  const int64_t* rows = p.rows;
-  const float* qh = p.q;
-  for (int64_t t = 0; t < n; ++t) {
-    const T* k = cache + rows[t] + h * hd;
-    for (int64_t g = 0; g < group; ++g) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t i = 0; i < hd; i += 16)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + g * hd + i), load16(k + i), acc);
-      scores[g * n + t] = _mm512_reduce_add_ps(acc) * s.scale;
+// Sums of four vectors' lanes: {sum a, sum b, sum c, sum d}.
+MINIVLLM_AVX512 inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 all = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(all),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(all), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+// Scores of G query heads (at q, hd apart) against keys [t0, t0 + 4): each key
+// chunk is loaded once for the G heads, 4 G dot products in registers.
+template <int G, typename T>
+MINIVLLM_AVX512 inline void scores4_avx512(const float* q, const T* cache, const int64_t* rows,
+                                           int64_t koff, int64_t hd, int64_t t0, int64_t n,
+                                           float scale, float* sc) {
+  __m512 acc[G][4];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_setzero_ps();
+  const T* k[4];
+  for (int j = 0; j < 4; ++j) k[j] = cache + rows[t0 + j] + koff;
+  for (int64_t i = 0; i < hd; i += 16) {
+    __m512 kv[4];
+    for (int j = 0; j < 4; ++j) kv[j] = load16(k[j] + i);
+    for (int g = 0; g < G; ++g) {
+      const __m512 qv = _mm512_loadu_ps(q + g * hd + i);
+      for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_fmadd_ps(qv, kv[j], acc[g][j]);
     }
   }
-  for (int64_t g = 0; g < group; ++g) softmax_avx512(scores.data() + g * n, n);
-  float* o = out + (b * s.num_heads + h * group) * hd;
-  std::fill(o, o + group * hd, 0.f);
+  const __m128 sv = _mm_set1_ps(scale);
+  for (int g = 0; g < G; ++g)
+    _mm_storeu_ps(sc + g * n + t0,
+                  _mm_mul_ps(sum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), sv));
+}
+
+// out[g][c0, c0 + 16 C) = sum over the n keys of p[g][t] V[t][c0 ...] for G heads,
+// the sums held in registers while the keys stream past.
+template <int G, int C, typename T>
+MINIVLLM_AVX512 inline void values_avx512(const float* p, const T* cache, const int64_t* rows,
+                                          int64_t voff, int64_t n, int64_t hd, float* out) {
+  __m512 acc[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int64_t t = 0; t < n; ++t) {
-    const T* v = cache + half + rows[t] + h * hd;
-    for (int64_t i = 0; i < hd; i += 16) {
-      const __m512 vv = load16(v + i);
-      for (int64_t g = 0; g < group; ++g) {
-        float* og = o + g * hd + i;
-        _mm512_storeu_ps(og, _mm512_fmadd_ps(_mm512_set1_ps(scores[g * n + t]), vv, _mm512_loadu_ps(og)));
-      }
+    const T* v = cache + rows[t] + voff;
+    __m512 vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = load16(v + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m512 w = _mm512_set1_ps(p[g * n + t]);
+      for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
     }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + g * hd + 16 * c, acc[g][c]);
+}
+
+// One key's scores for G heads (the keys left over from blocks of four).
+template <int G, typename T>
+MINIVLLM_AVX512 void score1_avx512(const float* q, const T* k, int64_t hd, float scale, float* sc,
+                                   int64_t n) {
+  for (int g = 0; g < G; ++g) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < hd; i += 16)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * hd + i), load16(k + i), acc);
+    sc[g * n] = _mm512_reduce_add_ps(acc) * scale;
   }
 }
 
@@ -304,39 +351,127 @@ MINIVLLM_AVX2 inline void softmax_avx2(float* sc, int64_t n) {
   for (int64_t t = whole; t < n; ++t) sc[t] *= inv;
 }
 
-template <typename T>
-MINIVLLM_AVX2 void one_pair_avx2(const Shape& s, const float* q, const T* cache,
-                                 const int32_t* table, int64_t seq_len, int64_t b, int64_t h,
-                                 float* out, std::vector<float>& scores) {
-  const PairSpan p = pair_span(s, q, table, seq_len, b, h, scores);
-  const int64_t group = p.group, hd = p.hd, n = p.n, half = p.half;
-  const int64_t* rows = p.rows;
-  const float* qh = p.q;
-  for (int64_t t = 0; t < n; ++t) {
-    const T* k = cache + rows[t] + h * hd;
-    for (int64_t g = 0; g < group; ++g) {
-      __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-      int64_t i = 0;
-      for (; i + 16 <= hd; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * hd + i), load8(k + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * hd + i + 8), load8(k + i + 8), acc1);
-      }
-      if (i < hd) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * hd + i), load8(k + i), acc0);
-      scores[g * n + t] = hsum8(_mm256_add_ps(acc0, acc1)) * s.scale;
+// {sum a, sum b, sum c, sum d} of four 8-lane vectors.
+MINIVLLM_AVX2 inline __m128 sum4_avx2(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 all = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
+}
+
+// `scores4_avx512` on 8 lanes (G <= 3: 12 accumulators of the 16 registers).
+template <int G, typename T>
+MINIVLLM_AVX2 inline void scores4_avx2(const float* q, const T* cache, const int64_t* rows,
+                                       int64_t koff, int64_t hd, int64_t t0, int64_t n,
+                                       float scale, float* sc) {
+  __m256 acc[G][4];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_setzero_ps();
+  const T* k[4];
+  for (int j = 0; j < 4; ++j) k[j] = cache + rows[t0 + j] + koff;
+  for (int64_t i = 0; i < hd; i += 8) {
+    for (int j = 0; j < 4; ++j) {
+      const __m256 kv = load8(k[j] + i);
+      for (int g = 0; g < G; ++g)
+        acc[g][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * hd + i), kv, acc[g][j]);
     }
   }
-  for (int64_t g = 0; g < group; ++g) softmax_avx2(scores.data() + g * n, n);
-  float* o = out + (b * s.num_heads + h * group) * hd;
-  std::fill(o, o + group * hd, 0.f);
+  const __m128 sv = _mm_set1_ps(scale);
+  for (int g = 0; g < G; ++g)
+    _mm_storeu_ps(sc + g * n + t0,
+                  _mm_mul_ps(sum4_avx2(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), sv));
+}
+
+// `values_avx512` on 8 lanes.
+template <int G, int C, typename T>
+MINIVLLM_AVX2 inline void values_avx2(const float* p, const T* cache, const int64_t* rows,
+                                      int64_t voff, int64_t n, int64_t hd, float* out) {
+  __m256 acc[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm256_setzero_ps();
   for (int64_t t = 0; t < n; ++t) {
-    const T* v = cache + half + rows[t] + h * hd;
-    for (int64_t i = 0; i < hd; i += 8) {
-      const __m256 vv = load8(v + i);
-      for (int64_t g = 0; g < group; ++g) {
-        float* og = o + g * hd + i;
-        _mm256_storeu_ps(og, _mm256_fmadd_ps(_mm256_set1_ps(scores[g * n + t]), vv, _mm256_loadu_ps(og)));
-      }
+    const T* v = cache + rows[t] + voff;
+    __m256 vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = load8(v + 8 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m256 w = _mm256_broadcast_ss(p + g * n + t);
+      for (int c = 0; c < C; ++c) acc[g][c] = _mm256_fmadd_ps(w, vv[c], acc[g][c]);
     }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + g * hd + 8 * c, acc[g][c]);
+}
+
+template <int G, typename T>
+MINIVLLM_AVX2 void score1_avx2(const float* q, const T* k, int64_t hd, float scale, float* sc,
+                               int64_t n) {
+  for (int g = 0; g < G; ++g) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < hd; i += 8)
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * hd + i), load8(k + i), acc);
+    sc[g * n] = hsum8(acc) * scale;
+  }
+}
+
+// The steps of `one_pair_simd`, one set per instruction set: kWidth lanes, up to
+// kHeads query heads at once, values kChunk vectors wide.
+struct Avx512Attention {
+  static constexpr int kWidth = 16, kHeads = 4, kChunk = 4;
+  template <int G, typename T, typename... A>
+  static void scores4(A... a) { scores4_avx512<G, T>(a...); }
+  template <int G, typename T, typename... A>
+  static void score1(A... a) { score1_avx512<G, T>(a...); }
+  template <int G, int C, typename T, typename... A>
+  static void values(A... a) { values_avx512<G, C, T>(a...); }
+  static void softmax(float* sc, int64_t n) { softmax_avx512(sc, n); }
+};
+
+struct Avx2Attention {
+  static constexpr int kWidth = 8, kHeads = 3, kChunk = 3;
+  template <int G, typename T, typename... A>
+  static void scores4(A... a) { scores4_avx2<G, T>(a...); }
+  template <int G, typename T, typename... A>
+  static void score1(A... a) { score1_avx2<G, T>(a...); }
+  template <int G, int C, typename T, typename... A>
+  static void values(A... a) { values_avx2<G, C, T>(a...); }
+  static void softmax(float* sc, int64_t n) { softmax_avx2(sc, n); }
+};
+
+// G query heads' attention (G <= Isa::kHeads): scores four keys at a time,
+// softmax, then the weighted values kChunk vectors (then one) at a time.
+template <typename Isa, int G, typename T>
+void heads_simd(const PairSpan& p, const T* cache, int64_t koff, float scale, const float* q,
+                float* sc, float* o) {
+  const int64_t n = p.n, hd = p.hd, whole = n & ~int64_t{3};
+  for (int64_t t = 0; t < whole; t += 4)
+    Isa::template scores4<G, T>(q, cache, p.rows, koff, hd, t, n, scale, sc);
+  for (int64_t t = whole; t < n; ++t)
+    Isa::template score1<G, T>(q, cache + p.rows[t] + koff, hd, scale, sc + t, n);
+  for (int g = 0; g < G; ++g) Isa::softmax(sc + g * n, n);
+  constexpr int64_t wide = Isa::kWidth * Isa::kChunk;
+  const int64_t voff = p.half + koff;
+  int64_t c = 0;
+  for (; c + wide <= hd; c += wide)
+    Isa::template values<G, Isa::kChunk, T>(sc, cache, p.rows, voff + c, n, hd, o + c);
+  for (; c < hd; c += Isa::kWidth)
+    Isa::template values<G, 1, T>(sc, cache, p.rows, voff + c, n, hd, o + c);
+}
+
+// Request b's KV head h, its query heads kHeads at a time.
+template <typename Isa, typename T>
+void one_pair_simd(const Shape& s, const float* q, const T* cache, const int32_t* table,
+                   int64_t seq_len, int64_t b, int64_t h, float* out, std::vector<float>& scores) {
+  const PairSpan p = pair_span(s, q, table, seq_len, b, h, scores);
+  const int64_t hd = p.hd, koff = h * hd;
+  float* o = out + (b * s.num_heads + h * p.group) * hd;
+  for (int64_t g = 0; g < p.group; g += Isa::kHeads) {
+    const float* qg = p.q + g * hd;
+    float* sc = scores.data() + g * p.n;
+    float* og = o + g * hd;
+    const int64_t left = std::min<int64_t>(Isa::kHeads, p.group - g);
+    if constexpr (Isa::kHeads >= 4)
+      if (left == 4) { heads_simd<Isa, 4>(p, cache, koff, s.scale, qg, sc, og); continue; }
+    if (left == 3) heads_simd<Isa, 3>(p, cache, koff, s.scale, qg, sc, og);
+    else if (left == 2) heads_simd<Isa, 2>(p, cache, koff, s.scale, qg, sc, og);
+    else heads_simd<Isa, 1>(p, cache, koff, s.scale, qg, sc, og);
   }
 }
 #endif
@@ -353,27 +488,20 @@ void one_pair_bf16(const Shape& s, const float* q, const c10::BFloat16* cache, c
   one_pair(s, q, cache, table, seq_len, b, h, out, scores);
 }
 
-inline void one_pair_any(const Shape& s, const float* q, const float* cache, const int32_t* table,
+// Request b's KV head h on the best form for this CPU and head size; a code path
+// lowered for tests (`lowbit_isa`) lowers this one too.
+template <typename T>
+inline void one_pair_any(const Shape& s, const float* q, const T* cache, const int32_t* table,
                          int64_t seq_len, int64_t b, int64_t h, float* out, std::vector<float>& sc) {
 #if defined(__x86_64__)
-  if (kHasAvx512 && s.head_dim % 16 == 0)
-    return one_pair_avx512(s, q, cache, table, seq_len, b, h, out, sc);
-  if (kHasAvx2 && s.head_dim % 8 == 0)
-    return one_pair_avx2(s, q, cache, table, seq_len, b, h, out, sc);
+  const int64_t cap = minivllm_cpu::isa_lowered() ? minivllm_cpu::active_isa() : 2;
+  if (cap >= 2 && kHasAvx512 && s.head_dim % 16 == 0)
+    return one_pair_simd<Avx512Attention>(s, q, cache, table, seq_len, b, h, out, sc);
+  if (cap >= 1 && kHasAvx2 && s.head_dim % 8 == 0)
+    return one_pair_simd<Avx2Attention>(s, q, cache, table, seq_len, b, h, out, sc);
 #endif
-  one_pair_f32(s, q, cache, table, seq_len, b, h, out, sc);
-}
-
-inline void one_pair_any(const Shape& s, const float* q, const c10::BFloat16* cache,
-                         const int32_t* table, int64_t seq_len, int64_t b, int64_t h, float* out,
-                         std::vector<float>& sc) {
-#if defined(__x86_64__)
-  if (kHasAvx512 && s.head_dim % 16 == 0)
-    return one_pair_avx512(s, q, cache, table, seq_len, b, h, out, sc);
-  if (kHasAvx2 && s.head_dim % 8 == 0)
-    return one_pair_avx2(s, q, cache, table, seq_len, b, h, out, sc);
-#endif
-  one_pair_bf16(s, q, cache, table, seq_len, b, h, out, sc);
+  if constexpr (std::is_same_v<T, float>) one_pair_f32(s, q, cache, table, seq_len, b, h, out, sc);
+  else one_pair_bf16(s, q, cache, table, seq_len, b, h, out, sc);
 }
 
 // This step's K/V rows (request b's at key + b * key_stride, value + b *

@@ -95,6 +95,10 @@ def _compile_flags() -> list[str]:
     flags = [
         "-O3",
         "-fno-math-errno",
+        # No multiply-add the source does not write: GCC fuses `a * b + c` where the
+        # target has FMA, differently in each template instance, which gave one
+        # token other bits in a 4-token q8 tile than alone (batch invariance).
+        "-ffp-contract=off",
         "-std=c++17",
         "-shared",
         "-fPIC",
@@ -110,6 +114,7 @@ def _compile_flags() -> list[str]:
 
 def _library_path() -> Path:
     text = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
+    text += " ".join(_compile_flags()).encode()
     key = hashlib.sha256(text + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
     return cache_root() / "kernels" / f"lowbit_cpu-{key}.so"
 

@@ -38,6 +38,7 @@
 namespace minivllm_cpu {
 // The kernels' code path in use (`lowbit_isa` sets it; defined in lowbit_cpu.cpp).
 int64_t active_isa();
+bool isa_lowered();
 }  // namespace minivllm_cpu
 
 namespace {
@@ -187,8 +188,9 @@ GroupStats quantize_group(const float* src, int64_t n, int8_t* dst, int64_t isa)
 // Sizes `r` for M tokens of K inputs (groups of 32 or more); `quantize_row` then
 // writes into it without allocating, so threads may fill different rows at once.
 void reserve_rows(QuantizedRows& r, int64_t M, int64_t K) {
-  const int64_t most = 2 * M * (K / kQ4Group);
-  // 16 rows of padding: the AMX kernel loads term rows 16 at a time.
+  // 16 rows of padding: the AMX kernel loads term rows (codes, scales, sums) 16 at
+  // a time.
+  const int64_t most = (2 * M + 16) * (K / kQ4Group);
   if (static_cast<int64_t>(r.q.size()) < (2 * M + 16) * K) r.q.resize((2 * M + 16) * K);
   if (static_cast<int64_t>(r.scale.size()) < most) {
     r.scale.resize(most);

@@ -14,23 +14,34 @@ from minivllm.kernels import lowbit_cpu
 
 pytestmark = pytest.mark.skipif(not lowbit_cpu.available(), reason="no C++ compiler here")
 
-BLOCK, BLOCKS, NKV, NH = 4, 64, 2, 6
+BLOCK, BLOCKS, NKV = 4, 64, 2
 
 
-def _layer(dtype: torch.dtype, window: int | None, hd: int) -> SimpleNamespace:
+@pytest.fixture(params=[2, 1, 0], ids=["avx512", "avx2", "portable"])
+def isa(request):
+    """Each code path of the kernel this CPU has (lowered with `lowbit_cpu.isa`)."""
+    best = lowbit_cpu.isa()
+    if request.param > best:
+        pytest.skip("this CPU lacks that instruction set")
+    lowbit_cpu.isa(request.param)
+    yield request.param
+    lowbit_cpu.isa(best)
+
+
+def _layer(dtype: torch.dtype, window: int | None, hd: int, nh: int = 6) -> SimpleNamespace:
     gen = torch.Generator().manual_seed(1)
     cache = torch.randn(2, BLOCKS, BLOCK, NKV, hd, generator=gen).to(dtype)
     one = torch.ones(())
     return SimpleNamespace(
-        kv_cache=cache, kv_group=0, num_heads=NH, scale=hd**-0.5, sliding_window=window,
+        kv_cache=cache, kv_group=0, num_heads=nh, scale=hd**-0.5, sliding_window=window,
         k_scale=one, v_scale=one,
     )  # fmt: skip
 
 
 def _run(layer: SimpleNamespace, native: bool, lens: list[int]) -> torch.Tensor:
     gen = torch.Generator().manual_seed(2)
-    b, hd = len(lens), layer.kv_cache.shape[-1]
-    query = torch.randn(b, NH * hd, generator=gen)
+    b, hd, nh = len(lens), layer.kv_cache.shape[-1], layer.num_heads
+    query = torch.randn(b, nh * hd, generator=gen)
     key = torch.randn(b, NKV * hd, generator=gen)
     value = torch.randn(b, NKV * hd, generator=gen)
     # Request i owns blocks 1 + 5 i ..., shuffled so the table is not the identity.
@@ -56,4 +67,18 @@ def test_native_decode_attention_matches_torch_ops(
     got = _run(native_layer, True, lens)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # The step's K/V rows were written in place, exactly as the torch ops write them.
+    assert torch.equal(native_layer.kv_cache, ref_layer.kv_cache)
+
+
+# Head sizes and query heads per KV head that take every register-blocked form:
+# 64- and 16-column value chunks (AVX-512), 24- and 8-column ones (AVX2), groups of
+# 4 (3) heads and what is left, keys four at a time and a tail.
+@pytest.mark.parametrize("hd,nh", [(64, 8), (80, 14), (256, 2), (128, 4), (40, 6)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_decode_attention_forms(isa: int, hd: int, nh: int, dtype: torch.dtype) -> None:
+    lens = [1, 4, 19, 13, 9]
+    ref_layer, native_layer = _layer(dtype, None, hd, nh), _layer(dtype, None, hd, nh)
+    want = _run(ref_layer, False, lens)
+    got = _run(native_layer, True, lens)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
     assert torch.equal(native_layer.kv_cache, ref_layer.kv_cache)

@@ -127,11 +127,14 @@ def _run_layer(layer, lens: list[int], fused: bool, residual: bool | None):
 def _assert_close(got, want) -> None:
     """Equal up to float32 rounding, judged on the whole tensor: Gemma's output norms
     rescale values of ~2, so single elements differ by up to ~1e-4 while the
-    error relative to the tensor stays near 1e-5 (a wrong step is ~1e-1)."""
+    error relative to the tensor stays near 1e-5 (a wrong step is ~1e-1).  Where a
+    float rounding moves a GEMM input across an int8 code boundary of the second
+    activation term the tensor moves by a few 1e-5 more (6.4e-5 for Qwen2's biases
+    at batch 1 on the AVX-512 VNNI path), hence 1e-4."""
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
-        assert ((g - w).norm() / w.norm()).item() < 5e-5
+        assert ((g - w).norm() / w.norm()).item() < 1e-4
 
 
 LENS = [[1], [9, 22, 3], [5, 1, 17, 12, 24, 2, 8, 19, 11, 6]]

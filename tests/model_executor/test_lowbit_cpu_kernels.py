@@ -68,6 +68,12 @@ def test_q4_gemm_matches_quantized_reference(isa: int, bits: int) -> None:
         rtol=0,
         atol=0,
     )
+    # What a prefill chunk past Q4_MAX_TOKENS multiplies: the same values in
+    # bfloat16, rounded as torch rounds (written directly where the CPU has it).
+    assert torch.equal(
+        torch.ops.minivllm_cpu.q4_dequantize(codes, scale_min, k, torch.bfloat16),
+        dense.to(torch.bfloat16),
+    )
     # token tiles of 4 with remainders; from 8 tokens AMX, in blocks of 8 (a partial one)
     for rows in (1, 3, 4, 6, 8, 17, 64):
         x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)  # groups of different ranges

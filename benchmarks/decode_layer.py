@@ -1,13 +1,14 @@
-"""Time the default model's 30 decoder layers as one fused C++ call
+"""Time a model's decoder layers as one fused C++ call
 (``minivllm_cpu::decoder_stack``), against their GEMMs alone.
 
-Loads the default GGUF model (low-bit weights), then for each ``--batch`` runs
+Loads the default GGUF model (or ``--model FILE.gguf``; low-bit weights), then for each ``--batch`` runs
 one decode step's layers, every request at ``--context`` tokens, from Python in
 a loop: the weights stream from memory as in a real step (66 MB, more than the
 caches hold).  Prints milliseconds per step (median of 5 rounds of 20 steps) for
 
 - ``fused``: the 30 layers as one ``decoder_stack`` call (what the decode graph runs);
-- ``gemms``: the same layers' 120 ``q4_gemm`` calls alone, i.e. the weight
+- ``gemms``: the same layers' GEMMs alone (``q4_gemm``, or ``q8_gemm`` for int8
+  weights such as re-quantized Q6_K), i.e. the weight
   reading the fused layer cannot avoid, plus one op dispatch per GEMM;
 - ``LM head``: the int8 LM head's ``q8_gemm`` (28 MB for the default model);
 
@@ -32,6 +33,7 @@ import torch
 from minivllm.attention.forward_context import DecodeStep
 from minivllm.kernels import lowbit_cpu
 from minivllm.model_executor.layers.fused_decoder_layer import fused_decoder_stack, layer_parts
+from minivllm.model_executor.layers.quantized_linear import Q4
 
 
 def _median_ms(fn, steps: int = 20, rounds: int = 5) -> float:
@@ -65,9 +67,14 @@ def time_batch(
     linears = [lin for p in parts for lin in p[1]]
     inputs = {n: torch.randn(b, n) * 0.1 for n in {lin.input_size for lin in linears}}
 
+    ops = [
+        torch.ops.minivllm_cpu.q4_gemm if lin.quant_kind == Q4 else torch.ops.minivllm_cpu.q8_gemm
+        for lin in linears
+    ]
+
     def gemms() -> None:
-        for lin in linears:
-            torch.ops.minivllm_cpu.q4_gemm(inputs[lin.input_size], lin.qweight, lin.qscales)
+        for op, lin in zip(ops, linears, strict=True):
+            op(inputs[lin.input_size], lin.qweight, lin.qscales)
 
     with torch.inference_mode():
         return _median_ms(fused), _median_ms(gemms)
@@ -77,12 +84,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--context", type=int, default=190)
+    parser.add_argument("--model", default=None, help="GGUF file (default: the default model)")
     args = parser.parse_args()
     if not lowbit_cpu.available():
         raise SystemExit("minivllm's CPU kernels are not built here (no C++ compiler?)")
     from minivllm import LLM
 
-    llm = LLM(enforce_eager=True, max_num_seqs=max(args.batch))
+    extra = {"model": args.model} if args.model else {}
+    llm = LLM(enforce_eager=True, max_num_seqs=max(args.batch), **extra)
     model = llm.llm_engine.executor.worker.model_runner.model
     layers = list(model.model.layers)
     attn0 = layers[0].self_attn.attn

@@ -72,14 +72,24 @@ __attribute__((target("amx-tile"))) void configure_tiles() {
   _tile_loadconfig(&c);
 }
 
-// One weight tile's codes as AMX B rows, all groups: [groups][8 rows][64 bytes].
+// One weight tile's codes as AMX B rows, all groups: [groups][8 rows][64 bytes];
+// with a fifth bits' plane (`hb`: q5) 16 is added where its bit is set, as the
+// VNNI kernel adds it (codes 0..31 are still unsigned bytes for `tdpbsud`).
 __attribute__((target("avx512f,avx512bw"))) void unpack_tile(const uint8_t* __restrict w,
+                                                             const uint8_t* __restrict hb,
                                                              int64_t groups, uint8_t* b) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i low = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
   for (int64_t blk = 0; blk < groups * 4; ++blk) {
     const __m512i v = _mm512_loadu_si512(w + blk * 64);
-    _mm512_store_si512(b + (2 * blk) * 64, _mm512_and_si512(v, low));
-    _mm512_store_si512(b + (2 * blk + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+    __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    if (hb != nullptr) {
+      uint64_t m[2];
+      std::memcpy(m, hb + blk * 16, 16);
+      lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(m[0]), lo, sixteen);
+      hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(m[1]), hi, sixteen);
+    }
+    _mm512_store_si512(b + (2 * blk) * 64, lo);
+    _mm512_store_si512(b + (2 * blk + 1) * 64, hi);
   }
 }
 
@@ -172,15 +182,15 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_rows_amx(
 // and scales are padded to a multiple of 16 rows): token m's output is term row
 // 2 m's sum plus term row 2 m + 1's, as in the VNNI kernel.
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_tiles_amx(
-    const uint8_t* w, const c10::Half* sm, const QuantizedRows& a, int64_t M, int64_t K,
-    int64_t N, float* out, int64_t t0, int64_t t1) {
+    const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const QuantizedRows& a, int64_t M,
+    int64_t K, int64_t N, float* out, int64_t t0, int64_t t1) {
   configure_tiles();
   const int64_t groups = K / kQ4Group, rows = 2 * M;
   thread_local std::vector<uint8_t> codes;
   codes.resize(groups * 512 + 64);  // 512 bytes a group, aligned to 64 below
   uint8_t* b = codes.data() + (64 - reinterpret_cast<uintptr_t>(codes.data()) % 64) % 64;
   for (int64_t t = t0; t < t1; ++t) {
-    unpack_tile(w + t * (K / 8) * 64, groups, b);
+    unpack_tile(w + t * (K / 8) * 64, hb == nullptr ? nullptr : hb + t * (K / 8) * 16, groups, b);
     const c10::Half* st = sm + t * groups * 2 * kRowTile;
     for (int64_t r0 = 0; r0 < rows; r0 += 16)
       q4_rows_amx(b, st, a.q.data(), a.scale.data(), a.sum.data(), r0, rows, K, N,

@@ -88,18 +88,20 @@ def test_q4_gemm_matches_quantized_reference(isa: int, bits: int) -> None:
         assert ((got - x @ dense.T).norm() / (x @ dense.T).norm()) < 1e-3
 
 
-def test_q4_gemm_on_amx_gives_the_vnni_kernels_bits() -> None:
+@pytest.mark.parametrize("bits", [4, 5])
+def test_q4_gemm_on_amx_gives_the_vnni_kernels_bits(bits: int) -> None:
     """AMX tiles compute the same integer sums and scale them with the VNNI kernel's
     operations in its order: the same bits for every row, so a request's values do not
-    depend on whether its batch had 8 tokens or more (batch invariance)."""
+    depend on whether its batch had 12 tokens or more (batch invariance); q5 weights
+    (a fifth bits' plane) too."""
     if lowbit_cpu.isa() < 2 or not lowbit_cpu.amx():
         pytest.skip("this CPU (or its kernel) offers no AMX")
     n, k = 64, 576
-    q, scale, mins = _q4_weight(n, k)
+    q, scale, mins = _q4_weight(n, k, 2**bits)
     codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
     x = torch.randn(41, k) * torch.linspace(0.1, 3, k)
     try:
-        for rows in (8, 9, 16, 23, 41):
+        for rows in (12, 13, 16, 23, 41):
             on_amx = torch.ops.minivllm_cpu.q4_gemm(x[:rows], codes, scale_min)
             lowbit_cpu.amx(0)
             on_vnni = torch.ops.minivllm_cpu.q4_gemm(x[:rows], codes, scale_min)

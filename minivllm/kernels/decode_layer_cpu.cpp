@@ -462,12 +462,12 @@ struct Scratch {
   }
 };
 
-int64_t group_of(const Linear& lin) { return lin.kind == kQ4Kind ? kQ4Group : kQ8Group; }
-
-// Token r's inputs of `lin` (at x) into the shared quantized activations.
+// Token r's inputs of `lin` (at x) into the shared quantized activations, grouped
+// as its GEMM reads them.
 void quantize_for(const Linear& lin, const float* x, int64_t r, QuantizedRows& act) {
-  const int64_t isa = minivllm_cpu::active_isa();
-  quantize_row(x, r, lin.in, group_of(lin), q8_path(isa, lin.grouped()), act);
+  const int64_t isa = q8_path(minivllm_cpu::active_isa(), lin.grouped());
+  const int64_t group = lin.kind == kQ4Kind ? kQ4Group : q8_act_group(lin.in, isa);
+  quantize_row(x, r, lin.in, group, isa, act);
 }
 
 // This thread's columns of y [B, out] = act @ W.T (+ bias), in runs of 16 (one q4

@@ -45,7 +45,8 @@ namespace {
 
 constexpr int kRowTile = 16;   // q4: output rows per tile
 constexpr int kQ4Group = 32;   // q4: inputs per scale / min
-constexpr int kQ8Group = 64;   // q8: inputs per activation scale
+constexpr int kQ8Group = 64;   // q8: inputs per activation scale (AVX-512: up to 256)
+constexpr int kQ8MaxGroup = 256;
 constexpr int kQ8WGroup = 32;  // q8 with group scales (Q8_0): inputs per weight scale
 constexpr int kTokTile = 4;    // tokens computed together (weights unpacked once)
 // How far ahead the AVX-512 kernels prefetch the weight stream (q4: bytes; q8:
@@ -244,7 +245,7 @@ void quantize_row(const float* x, int64_t m, int64_t K, int64_t group, int64_t i
   if (isa == kAvx2 && group == kQ8Group) return quantize_row16_avx2(x, m, K, r);
 #endif
   const int64_t groups = K / group;
-  float rest[kQ8Group];  // group <= 64
+  float rest[kQ8MaxGroup];
   float fix_hi = 0.f, fix_lo = 0.f;
   for (int64_t g = 0; g < groups; ++g) {
     const float* src = x + g * group;
@@ -510,9 +511,20 @@ struct Avx2Q4 {
 
 // ---------------------------------------------------------------------------
 // q8: row-major int8 weights, one float scale per row; activations quantized
-// per 64 inputs.  `vpdpbusd` wants unsigned x signed bytes, so the kernels
+// per 64 inputs, or on the AVX-512 VNNI path per 256 (128) where K allows
+// (`q8_act_group`): each group's products are summed in int32 and scaled once,
+// so a larger group means fewer conversions and multiply-adds per product (the
+// kernel was bound by them: 87 GMAC/s at 32 tokens against 183 for q4 on AMX).
+// `vpdpbusd` wants unsigned x signed bytes, so the kernels
 // flip the weights' sign bit (w + 128, unsigned) and subtract 128 times each
 // activation group's code sum at the end (the same for every row).
+
+// Inputs per activation scale of a q8 weight with K inputs on code path `isa`
+// (as `q8_path` gives it).
+inline int64_t q8_act_group(int64_t K, int64_t isa) {
+  if (isa != kAvx512) return kQ8Group;
+  return K % 256 == 0 ? 256 : K % 128 == 0 ? 128 : kQ8Group;
+}
 
 struct Q8Args {
   const int8_t* w;
@@ -522,6 +534,7 @@ struct Q8Args {
   float* out;
   int64_t M, K, N;
   const float* bias_fix;  // [M]: 128 * sum over groups of scale * code sum
+  int64_t group;          // inputs per activation scale (`q8_act_group`)
 };
 
 void q8_rows_portable(const Q8Args& p, int64_t r0, int64_t r1) {
@@ -551,31 +564,41 @@ void q8_rows_portable(const Q8Args& p, int64_t r0, int64_t r1) {
 // kQ8Rows rows x NT tokens of accumulators, all in registers.
 constexpr int kQ8Rows = 4;
 
-template <int NT, int NR>
+// NR weight rows x NT term rows, activation groups of 64 CH inputs: each group's
+// CH products per lane summed in int32, then scaled into float accumulators.
+template <int NT, int NR, int CH>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void q8_block_avx512(const int8_t* __restrict w, const int8_t* __restrict xq,
                      const float* __restrict xscale, const float* __restrict bias_fix,
                      const float* __restrict row_scale, float* __restrict out, int64_t K,
                      int64_t N) {
-  const int64_t groups = K / kQ8Group;
+  constexpr int64_t G = 64 * CH;
+  const int64_t groups = K / G;
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[NR][NT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    __m512i u[NR];
-    for (int r = 0; r < NR; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + kQ8PrefetchRows) * K + g * kQ8Group),
-                   _MM_HINT_T0);
-      u[r] = _mm512_xor_si512(_mm512_loadu_si512(w + r * K + g * kQ8Group), flip);
+    __m512i d[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) d[r][t] = _mm512_setzero_si512();
+    for (int c = 0; c < CH; ++c) {
+      const int64_t at = g * G + 64 * c;
+      __m512i u[NR];
+      for (int r = 0; r < NR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + (r + kQ8PrefetchRows) * K + at),
+                     _MM_HINT_T0);
+        u[r] = _mm512_xor_si512(_mm512_loadu_si512(w + r * K + at), flip);
+      }
+      for (int t = 0; t < NT; ++t) {
+        const __m512i x = _mm512_loadu_si512(xq + t * K + at);
+        for (int r = 0; r < NR; ++r) d[r][t] = _mm512_dpbusd_epi32(d[r][t], u[r], x);
+      }
     }
     for (int t = 0; t < NT; ++t) {
-      const __m512i x = _mm512_loadu_si512(xq + t * K + g * kQ8Group);
       const __m512 xs = _mm512_set1_ps(xscale[t * groups + g]);
-      for (int r = 0; r < NR; ++r) {
-        const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[r], x);
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), xs, acc[r][t]);
-      }
+      for (int r = 0; r < NR; ++r)
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r][t]), xs, acc[r][t]);
     }
   }
   for (int r = 0; r < NR; ++r)
@@ -584,9 +607,9 @@ void q8_block_avx512(const int8_t* __restrict w, const int8_t* __restrict xq,
                              (_mm512_reduce_add_ps(acc[r][t + 1]) - bias_fix[t + 1]) * row_scale[r];
 }
 
-template <int NR>
+template <int NR, int CH>
 void q8_rows_avx512_nr(const Q8Args& p, int64_t n) {
-  const int64_t groups = p.K / kQ8Group;
+  const int64_t groups = p.K / (64 * CH);
   for (int64_t m = 0; m < p.M; m += kTokTile) {
     const int64_t nt = std::min<int64_t>(kTokTile, p.M - m);
     const int8_t* w = p.w + n * p.K;
@@ -595,15 +618,22 @@ void q8_rows_avx512_nr(const Q8Args& p, int64_t n) {
     const float* fix = p.bias_fix + m;
     float* out = p.out + (m / 2) * p.N + n;
     const float* rs = p.row_scale + n;
-    if (nt == 2) q8_block_avx512<2, NR>(w, xq, xs, fix, rs, out, p.K, p.N);
-    else q8_block_avx512<4, NR>(w, xq, xs, fix, rs, out, p.K, p.N);  // rows come in pairs
+    if (nt == 2) q8_block_avx512<2, NR, CH>(w, xq, xs, fix, rs, out, p.K, p.N);
+    else q8_block_avx512<4, NR, CH>(w, xq, xs, fix, rs, out, p.K, p.N);  // rows come in pairs
   }
 }
 
-void q8_rows_avx512(const Q8Args& p, int64_t r0, int64_t r1) {
+template <int CH>
+void q8_rows_avx512_ch(const Q8Args& p, int64_t r0, int64_t r1) {
   int64_t n = r0;
-  for (; n + kQ8Rows <= r1; n += kQ8Rows) q8_rows_avx512_nr<kQ8Rows>(p, n);
-  for (; n < r1; ++n) q8_rows_avx512_nr<1>(p, n);
+  for (; n + kQ8Rows <= r1; n += kQ8Rows) q8_rows_avx512_nr<kQ8Rows, CH>(p, n);
+  for (; n < r1; ++n) q8_rows_avx512_nr<1, CH>(p, n);
+}
+
+void q8_rows_avx512(const Q8Args& p, int64_t r0, int64_t r1) {
+  if (p.group == 256) return q8_rows_avx512_ch<4>(p, r0, r1);
+  if (p.group == 128) return q8_rows_avx512_ch<2>(p, r0, r1);
+  q8_rows_avx512_ch<1>(p, r0, r1);
 }
 
 __attribute__((target("avx2,fma,f16c")))
@@ -711,12 +741,11 @@ inline int64_t q8_path(int64_t isa, bool grouped) {
 
 // Tiles [t0, t1) (columns [16 t0, 16 t1)) of out[M, N] = x[M, K] @ W.T for a
 // q4-tiled weight (K a multiple of 32, N of 16); `hb` its fifth bits (q5) or
-// nullptr.  (q5 weights stay on the VNNI kernel where the CPU has AMX.)
+// nullptr.  From 12 tokens on AMX tiles where the CPU has them (q4 and q5).
 void q4_tiles(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const QuantizedRows& a,
               int64_t M, int64_t K, int64_t N, float* out, int64_t t0, int64_t t1, int64_t isa) {
 #if defined(__x86_64__)
-  if (isa == kAvx512 && hb == nullptr && use_amx(2 * M))
-    return q4_tiles_amx(w, sm, a, M, K, N, out, t0, t1);
+  if (isa == kAvx512 && use_amx(2 * M)) return q4_tiles_amx(w, hb, sm, a, M, K, N, out, t0, t1);
 #endif
   const Q4Args p{w, hb, sm, &a, out, 2 * M, K, N};
   for (int64_t t = t0; t < t1; ++t) {
@@ -734,8 +763,9 @@ void q4_tiles(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const Qu
 void q8_rows(const int8_t* w, const float* row_scale, const c10::Half* group_scale,
              const QuantizedRows& a, int64_t M, int64_t K, int64_t N, float* out, int64_t r0,
              int64_t r1, int64_t isa) {
-  const Q8Args p{w, row_scale, group_scale, &a, out, 2 * M, K, N, a.fix.data()};
   isa = q8_path(isa, group_scale != nullptr);
+  const Q8Args p{w, row_scale, group_scale, &a, out, 2 * M, K, N, a.fix.data(),
+                 q8_act_group(K, isa)};
 #if defined(__x86_64__)
   if (isa == kAvx512) return q8_rows_avx512(p, r0, r1);
   if (isa == kAvx2) return q8_rows16_avx2(p, r0, r1);
@@ -774,7 +804,7 @@ void q4_gemm_raw(const float* x, int64_t M, int64_t K, const uint8_t* w, const u
 void q8_gemm_raw(const float* x, int64_t M, int64_t K, const int8_t* w, const float* row_scale,
                  const c10::Half* group_scale, int64_t N, float* out, QuantizedRows& a) {
   const int64_t isa = q8_path(minivllm_cpu::active_isa(), group_scale != nullptr);
-  quantize_rows(x, M, K, kQ8Group, isa, a);
+  quantize_rows(x, M, K, q8_act_group(K, isa), isa, a);
   at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
     q8_rows(w, row_scale, group_scale, a, M, K, N, out, r0, r1, isa);
   });

@@ -121,24 +121,34 @@ def _int16_codes(x: torch.Tensor, group: int) -> torch.Tensor:
     return (torch.round(g * inv) * scale).view_as(x)
 
 
-def test_q8_gemm_matches_quantized_reference(isa: int) -> None:
-    n, k = 40, 192
+def _q8_act_group(k: int, isa: int) -> int:
+    """Inputs per activation scale of the q8 kernels: 64, or on the AVX-512 VNNI path
+    (AMX CPUs included) 256 / 128 where they divide the inputs."""
+    if isa < 2:
+        return 64
+    return 256 if k % 256 == 0 else 128 if k % 128 == 0 else 64
+
+
+@pytest.mark.parametrize("k", [192, 384, 512])
+def test_q8_gemm_matches_quantized_reference(isa: int, k: int) -> None:
+    n = 40
     gen = torch.Generator().manual_seed(0)
     w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
     scale = torch.rand(n, generator=gen) * 0.01
     dense = w.float() * scale[:, None]
     # AVX2 (no vpdpbusd) reads int16 codes; the others two int8 terms.
     seen = _int16_codes if isa == 1 else _quantized
+    group = _q8_act_group(k, isa)
     # token tiles of 8, 4, 2 and 1 (AVX2) and their remainders
     for rows in (1, 2, 5, 9, 15, 32):
         x = torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 3, k)
         x[:, 7] *= 40  # one large input sets its group's scale
         got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
-        torch.testing.assert_close(got, seen(x, 64) @ dense.T, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got, seen(x, group) @ dense.T, rtol=1e-5, atol=1e-4)
         assert ((got - x @ dense.T).norm() / (x @ dense.T).norm()) < 1e-3
         # bfloat16 row scales (the model's form) are read as their float values.
         got16 = torch.ops.minivllm_cpu.q8_gemm(x, w, scale.bfloat16())
-        want16 = seen(x, 64) @ (w.float() * scale.bfloat16().float()[:, None]).T
+        want16 = seen(x, group) @ (w.float() * scale.bfloat16().float()[:, None]).T
         torch.testing.assert_close(got16, want16, rtol=1e-5, atol=1e-4)
         # A token's outputs do not depend on the tokens beside it (batch invariance).
         for r in (0, rows - 1):

@@ -46,9 +46,11 @@ def measure(root: Path, model: str, serve: bool) -> dict[str, float]:
         if serve:
             port = vs.free_port()
             cmd = [*vs.MINIVLLM, "serve", model, "--port", str(port), "--max-num-seqs", "16"]
-            figures["serving 16 clients out tok/s"] = vs.serve_throughput(
+            out, ttft = vs.serve_throughput(
                 cmd + vs.ENGINE_ARGS, port, model, 32, env=vs.minivllm_env()
             )
+            figures["serving 16 clients out tok/s"] = out
+            figures["serving 16 clients median TTFT ms"] = ttft
     return figures
 
 

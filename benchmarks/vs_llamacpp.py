@@ -186,7 +186,10 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
     raise RuntimeError(f"server at {url} was not ready in {timeout:.0f}s")
 
 
-def serve_throughput(server_cmd: list[str], port: int, model: str, prompts: int, env=None) -> float:
+def serve_throughput(
+    server_cmd: list[str], port: int, model: str, prompts: int, env=None
+) -> tuple[float, float]:
+    """(output tok/s, median TTFT in ms) of 16 clients against the server."""
     url = f"http://127.0.0.1:{port}"
     print("$", " ".join(server_cmd), flush=True)
     log = tempfile.TemporaryFile()
@@ -200,7 +203,7 @@ def serve_throughput(server_cmd: list[str], port: int, model: str, prompts: int,
             3600,
             engine=False,  # the client; the server got the engine flags
         )
-        return float(result["output_throughput"])
+        return float(result["output_throughput"]), float(result["median_ttft_ms"])
     finally:
         proc.terminate()
         try:
@@ -222,17 +225,21 @@ def print_table(rows: list[Row], load: float) -> None:
 
 
 # -- one file ----------------------------------------------------------------
-def serve_row(bin_dir: Path, model: str, threads: int, prompts: int) -> Row:
-    """Serving output tok/s of `llama-server` and of `minivllm serve`, 16 clients."""
+def serve_rows(bin_dir: Path, model: str, threads: int, prompts: int) -> tuple[Row, Row]:
+    """Serving output tok/s and median TTFT of `llama-server` and of `minivllm serve`,
+    16 clients (a TTFT ratio below 1 means minivllm answers first sooner)."""
     port = free_port()
     llama_cmd = [str(bin_dir / "llama-server"), "-m", model, "-t", str(threads)]
     llama_cmd += ["-np", "16", "-c", str(16 * 256), "--port", str(port), "--host", "127.0.0.1"]
-    ref = serve_throughput(llama_cmd, port, model, prompts)
+    ref, ref_ttft = serve_throughput(llama_cmd, port, model, prompts)
     port = free_port()
     ours_cmd = [*MINIVLLM, "serve", model, "--port", str(port), "--max-num-seqs", "16"]
     ours_cmd += ENGINE_ARGS
-    ours = serve_throughput(ours_cmd, port, model, prompts, env=minivllm_env())
-    return ("serving, 16 clients, out tok/s", ref, ours)
+    ours, ttft = serve_throughput(ours_cmd, port, model, prompts, env=minivllm_env())
+    return (
+        ("serving, 16 clients, out tok/s", ref, ours),
+        ("serving, 16 clients, median TTFT (ms)", ref_ttft, ttft),
+    )
 
 
 def compare(
@@ -261,7 +268,9 @@ def compare(
     if not args.skip_serve:
         if before_serve is not None:
             before_serve(list(rows.values()))
-        rows["serve"] = serve_row(bin_dir, model, args.threads, 32 if args.quick else 48)
+        rows["serve"], rows["serve_ttft"] = serve_rows(
+            bin_dir, model, args.threads, 32 if args.quick else 48
+        )
     return rows
 
 

@@ -53,6 +53,12 @@ def time_batch(
 ) -> tuple[float, float]:
     """(fused, gemms-alone) milliseconds per step for ``b`` requests."""
     blocks = -(-context // block)
+    have = layers[0].self_attn.attn.kv_cache.shape[1]
+    if 1 + b * blocks > have:
+        raise SystemExit(
+            f"{b} requests x {context} tokens need {1 + b * blocks} KV blocks; the cache has "
+            f"{have}: lower --context or --batch"
+        )
     table = torch.arange(1, 1 + b * blocks, dtype=torch.int32).view(b, blocks)
     lens = torch.full((b,), context, dtype=torch.int32)
     slots = table[:, -1].long() * block + (context - 1) % block

@@ -92,6 +92,26 @@ inline void row_offsets(const Shape& s, const int32_t* blocks, int64_t start, in
   }
 }
 
+// Every context block request b reads (its first ceil(len / block_size) table
+// entries) and every slot written lies inside the cache: the kernels read and
+// write through them unchecked.  O(blocks read) a call.
+inline void check_paged(const Shape& s, const int32_t* table, const int32_t* lens,
+                        const int64_t* slots, const char* op) {
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const int64_t len = lens[b];
+    TORCH_CHECK(len > 0 && len <= s.table_width * s.block_size, op, ": request ", b, "'s ",
+                len, " tokens do not fit its block table");
+    const int64_t used = (len + s.block_size - 1) / s.block_size;
+    for (int64_t i = 0; i < used; ++i) {
+      const int64_t blk = table[b * s.table_width + i];
+      TORCH_CHECK(blk >= 0 && blk < s.num_blocks, op, ": block ", blk, " of request ", b,
+                  " is outside the cache's ", s.num_blocks, " blocks");
+    }
+    TORCH_CHECK(slots[b] >= 0 && slots[b] < s.num_blocks * s.block_size, op, ": slot ",
+                slots[b], " of request ", b, " is outside the cache");
+  }
+}
+
 // What attention of request b's KV head h reads: its `group` query heads at `q`,
 // its context's n rows (from `start`; K at cache + rows[t] + h * hd, V `half`
 // elements further), with `scores` zeroed for group x n values.

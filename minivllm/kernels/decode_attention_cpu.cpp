@@ -38,6 +38,10 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& key,
   const at::Tensor k = key.to(at::kFloat).contiguous(), v = value.to(at::kFloat).contiguous();
   const at::Tensor table = block_table.contiguous(), lens = seq_lens.contiguous();
   const at::Tensor sl = slots.contiguous();
+  TORCH_CHECK(table.size(0) >= s.batch && lens.numel() >= s.batch && sl.numel() >= s.batch,
+              "decode_attention: block table, lengths and slots need a row per request");
+  check_paged(s, table.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), sl.data_ptr<int64_t>(),
+              "decode_attention");
   at::Tensor out = at::empty({s.batch, s.num_heads * s.head_dim}, q.options());
   if (cache.scalar_type() == at::kFloat) {
     float* c = cache.data_ptr<float>();

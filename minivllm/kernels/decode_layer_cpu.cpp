@@ -427,6 +427,7 @@ LayerPlan plan_layer(int64_t B, int64_t H, const LayerInputs& in, const StepInpu
   TORCH_CHECK(p.keep[k0].numel() >= B && p.keep[k0 + 2].numel() >= B &&
                   p.keep[k0 + 3].numel() >= B && in.block_table->size(0) >= B,
               "decoder_layer: positions, lengths, slots and block table need a row per token");
+  check_paged(s, p.table, p.lens, p.slots, "decoder_layer");
   const int64_t max_pos = cos_sin.size(0);
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(p.pos[b] >= 0 && p.pos[b] < max_pos, "decoder_layer: position past the rotary table");

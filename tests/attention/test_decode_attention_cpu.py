@@ -82,3 +82,28 @@ def test_native_decode_attention_forms(isa: int, hd: int, nh: int, dtype: torch.
     got = _run(native_layer, True, lens)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
     assert torch.equal(native_layer.kv_cache, ref_layer.kv_cache)
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [("block", "outside the cache's"), ("length", "do not fit"), ("slot", "slot")],
+)
+def test_native_decode_attention_refuses_tables_outside_the_cache(bad: str, match: str) -> None:
+    # The kernels read and write through the block table unchecked: a table entry,
+    # length or slot outside the cache is an error, not a read past the cache.
+    layer = _layer(torch.float32, None, 16)
+    b, hd = 2, 16
+    query, key, value = torch.randn(b, 6 * hd), torch.randn(b, NKV * hd), torch.randn(b, NKV * hd)
+    table = torch.tensor([[1, 2], [3, 4]], dtype=torch.int32)
+    lens = torch.tensor([5, 6], dtype=torch.int32)
+    slots = torch.tensor([2 * BLOCK, 4 * BLOCK + 1])
+    if bad == "block":
+        table[1, 1] = BLOCKS
+    elif bad == "length":
+        lens[0] = 2 * BLOCK + 1
+    else:
+        slots[1] = BLOCKS * BLOCK
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.minivllm_cpu.decode_attention(
+            query, key, value, layer.kv_cache, table, lens, slots, hd**-0.5, 0
+        )

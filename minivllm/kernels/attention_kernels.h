@@ -16,8 +16,9 @@
 // multiple of 8) the inner loops are intrinsics held in registers: scores four
 // keys at a time for up to four (AVX2: three) query heads, each key chunk loaded
 // once for all of them, and the weighted values summed in registers over 64 (24)
-// columns while the keys stream past; softmax's exp is a polynomial.  Elsewhere plain C++ built for AVX-512, AVX2 and baseline x86-64, picked at
-// load by the CPU (`target_clones`).
+// columns while the keys stream past; softmax's exp is a polynomial.  Elsewhere
+// plain C++ built for AVX-512, AVX2 and baseline x86-64, picked at load by the CPU
+// (`target_clones`).
 
 #pragma once
 
@@ -92,17 +93,18 @@ inline void row_offsets(const Shape& s, const int32_t* blocks, int64_t start, in
   }
 }
 
-// Every context block request b reads (its first ceil(len / block_size) table
-// entries) and every slot written lies inside the cache: the kernels read and
-// write through them unchecked.  O(blocks read) a call.
+// Every context block request b reads (the table entries of its window, or of
+// its whole context) and every slot written lies inside the cache: the kernels
+// read and write through them unchecked.  O(blocks read) a call.
 inline void check_paged(const Shape& s, const int32_t* table, const int32_t* lens,
                         const int64_t* slots, const char* op) {
   for (int64_t b = 0; b < s.batch; ++b) {
     const int64_t len = lens[b];
     TORCH_CHECK(len > 0 && len <= s.table_width * s.block_size, op, ": request ", b, "'s ",
                 len, " tokens do not fit its block table");
+    const int64_t start = s.window > 0 ? std::max<int64_t>(0, len - s.window) : 0;
     const int64_t used = (len + s.block_size - 1) / s.block_size;
-    for (int64_t i = 0; i < used; ++i) {
+    for (int64_t i = start / s.block_size; i < used; ++i) {
       const int64_t blk = table[b * s.table_width + i];
       TORCH_CHECK(blk >= 0 && blk < s.num_blocks, op, ": block ", blk, " of request ", b,
                   " is outside the cache's ", s.num_blocks, " blocks");

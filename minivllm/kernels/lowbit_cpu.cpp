@@ -77,26 +77,24 @@ void dequantize_tile_portable(const uint8_t* w, const uint8_t* hb, const c10::Ha
 }
 
 #if defined(__x86_64__)
-// Byte j of entry n is 16 when bit j of n is set: four fifth bits as code bytes.
-constexpr uint32_t spread_bit(uint32_t n) {
-  uint32_t v = 0;
-  for (int j = 0; j < 4; ++j) v |= ((n >> j) & 1u) << (8 * j + 4);
-  return v;
+// 16 floats as bfloat16, rounded to nearest even (finite values): the high half of
+// each float plus 0x7FFF and its lowest kept bit.
+__attribute__((target("avx512f"))) inline __m256i to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(up, 16));
 }
-constexpr uint32_t kFifthBits[16] = {
-    spread_bit(0), spread_bit(1), spread_bit(2),  spread_bit(3),  spread_bit(4),  spread_bit(5),
-    spread_bit(6), spread_bit(7), spread_bit(8),  spread_bit(9),  spread_bit(10), spread_bit(11),
-    spread_bit(12), spread_bit(13), spread_bit(14), spread_bit(15)};
 
 // The same values as the portable form (a product, then a sum: no fused
 // multiply-add), a group of 32 inputs of one row at a time: the row's four bytes of
 // each of the group's four blocks hold its 32 codes.  Written as float32, or as
-// bfloat16 (rounded to nearest even, as a tensor's `.to` rounds) when `bf16`.
+// bfloat16 rounded to nearest even as a tensor's `.to` rounds (finite values).
 template <bool kBf16>
-__attribute__((target("avx512f,avx512bw,avx512bf16,avx512vl"))) void dequantize_tile_avx512(
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantize_tile_avx512(
     const uint8_t* w, const uint8_t* hb, const c10::Half* sm, int64_t K, int64_t t, void* out) {
   const int64_t groups = K / kQ4Group;
-  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m128i low = _mm_set1_epi8(0x0F), sixteen = _mm_set1_epi8(16);
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* b = w + (t * (K / 8) + 4 * g) * 64;
     const c10::Half* s = sm + (t * groups + g) * 2 * kRowTile;
@@ -106,23 +104,21 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vl"))) void dequantize_
     alignas(64) float sc[kRowTile], mn[kRowTile];
     _mm512_store_ps(sc, scales);
     _mm512_store_ps(mn, mins);
+    uint64_t planes[4][2] = {};
+    if (hb != nullptr) std::memcpy(planes, hb + (t * (K / 8) + 4 * g) * 16, sizeof(planes));
     for (int r = 0; r < kRowTile; ++r) {
       int32_t d[4];
       for (int c = 0; c < 4; ++c) std::memcpy(&d[c], b + c * 64 + 4 * r, 4);
       const __m128i v = _mm_setr_epi32(d[0], d[1], d[2], d[3]);
       __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-      if (hb != nullptr) {
-        uint32_t f_lo[4], f_hi[4];
+      if (hb != nullptr) {  // the fifth bits of row r: bits 4 r .. 4 r + 3 of each block's plane
+        uint32_t m_lo = 0, m_hi = 0;
         for (int c = 0; c < 4; ++c) {
-          uint64_t m_lo, m_hi;
-          const uint8_t* plane = hb + (t * (K / 8) + 4 * g + c) * 16;
-          std::memcpy(&m_lo, plane, 8);
-          std::memcpy(&m_hi, plane + 8, 8);
-          f_lo[c] = kFifthBits[(m_lo >> (4 * r)) & 15];
-          f_hi[c] = kFifthBits[(m_hi >> (4 * r)) & 15];
+          m_lo |= static_cast<uint32_t>((planes[c][0] >> (4 * r)) & 15) << (4 * c);
+          m_hi |= static_cast<uint32_t>((planes[c][1] >> (4 * r)) & 15) << (4 * c);
         }
-        lo = _mm_or_si128(lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(f_lo)));
-        hi = _mm_or_si128(hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(f_hi)));
+        lo = _mm_mask_add_epi8(lo, static_cast<__mmask16>(m_lo), lo, sixteen);
+        hi = _mm_mask_add_epi8(hi, static_cast<__mmask16>(m_hi), hi, sixteen);
       }
       // Inputs 8 c .. 8 c + 3 are block c's low nibbles, 8 c + 4 .. 8 c + 7 its high ones.
       const __m512 sr = _mm512_set1_ps(sc[r]), mr = _mm512_set1_ps(mn[r]);
@@ -132,8 +128,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vl"))) void dequantize_
           _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi32(lo, hi))), sr), mr);
       const int64_t at = (t * kRowTile + r) * K + g * kQ4Group;
       if constexpr (kBf16) {
-        _mm512_storeu_si512(static_cast<c10::BFloat16*>(out) + at,
-                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0)));
+        auto* o = reinterpret_cast<__m256i*>(static_cast<c10::BFloat16*>(out) + at);
+        _mm256_storeu_si256(o, to_bf16(v0));
+        _mm256_storeu_si256(o + 1, to_bf16(v1));
       } else {
         _mm512_storeu_ps(static_cast<float*>(out) + at, v0);
         _mm512_storeu_ps(static_cast<float*>(out) + at + 16, v1);
@@ -141,25 +138,19 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vl"))) void dequantize_
     }
   }
 }
-
-bool has_avx512_bf16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
-}
-const bool kHasAvx512Bf16 = has_avx512_bf16();
 #endif
 
 // The dense [N, K] weight of a q4- or q5-tiled one, in `dtype` (large batches and
-// tests), on both threads: an AVX-512 CPU writes float32 or bfloat16 rows directly
-// (Llama-3.2-1B's 8192 x 2048 down weight: 69 ms in scalar code), others float32
-// then cast.
+// tests), on ATen's threads: an AVX-512 CPU writes float32 or bfloat16 rows directly
+// (Llama-3.2-1B's 16384 x 2048 gate/up weight: 68 ms in scalar code, 18 here), others
+// float32 then cast.
 at::Tensor q4_dequantize(const at::Tensor& qweight, const at::Tensor& scales, int64_t K,
                          at::ScalarType dtype) {
   const auto [N, hb] = q4_shape(qweight, scales, K, "q4_dequantize");
   const uint8_t* w = qweight.data_ptr<uint8_t>();
   const c10::Half* sm = scales.data_ptr<c10::Half>();
 #if defined(__x86_64__)
-  const bool bf16 = dtype == at::kBFloat16 && kHasAvx512Bf16;
+  const bool bf16 = dtype == at::kBFloat16;
   if (minivllm_cpu::active_isa() == kAvx512 && (dtype == at::kFloat || bf16)) {
     at::Tensor out = at::empty({N, K}, qweight.options().dtype(dtype));
     void* o = out.data_ptr();

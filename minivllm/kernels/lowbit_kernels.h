@@ -38,7 +38,7 @@
 namespace minivllm_cpu {
 // The kernels' code path in use (`lowbit_isa` sets it; defined in lowbit_cpu.cpp).
 int64_t active_isa();
-bool isa_lowered();
+bool isa_lowered();  // whether a test lowered it below this CPU's best
 }  // namespace minivllm_cpu
 
 namespace {

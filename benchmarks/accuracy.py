@@ -22,6 +22,7 @@ within 2%), with the load average.
 
     python benchmarks/accuracy.py
     python benchmarks/accuracy.py --model some.gguf --texts 8 --length 256
+    python benchmarks/accuracy.py --kv-cache-dtype bfloat16
 """
 
 from __future__ import annotations
@@ -96,13 +97,15 @@ def run_model(path: Path, args: argparse.Namespace) -> None:
         max_num_batched_tokens=args.chunk,
         enable_prefix_caching=False,
         max_model_len=length + 16,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     start_secs = time.perf_counter() - t0
     config = llm.llm_engine.vllm_config.model_config
     print(
         f"# {path.name}: {args.texts} texts x {length} tokens; reference (HF float32) "
         f"{ref_secs:.1f} s, engine start {start_secs:.1f} s; quantization "
-        f"{config.quantization}, dtype {config.dtype}; {load()}",
+        f"{config.quantization}, dtype {config.dtype}, KV cache {args.kv_cache_dtype}; "
+        f"{load()}",
         flush=True,
     )
     t0 = time.perf_counter()
@@ -127,6 +130,7 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=8)
     ap.add_argument("--length", type=int, default=320, help="tokens per text, at most")
     ap.add_argument("--chunk", type=int, default=64, help="max_num_batched_tokens")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="the engine's KV cache dtype")
     args = ap.parse_args()
     if args.chunk % args.texts:
         ap.error("--chunk must be a multiple of --texts (the decode run's prompts fill one step)")

@@ -13,6 +13,9 @@ Builds llama.cpp's tools once per machine (`llamacpp_build.py`, cached under
 | 16 / 32 seqs | `llama-batched-bench -npp 128 -ntg 128 -npl 16,32` total tok/s | `minivllm bench throughput` total tok/s, max_num_seqs = seqs |
 | serving, 16 clients | `llama-server -np 16` | `minivllm serve` |
 
+llama.cpp keeps its KV cache in float16; minivllm's follows the model (float32 for a
+GGUF on CPU) unless ``--kv-cache-dtype`` says otherwise.
+
 Serving runs `minivllm bench serve` (48 requests of 128 in / 128 out, 16 at a
 time, EOS ignored) against each server in turn.  It prints one table of
 figures and ratios (minivllm / llama.cpp, higher is better for minivllm).
@@ -317,6 +320,13 @@ def parse_args() -> argparse.Namespace:
         default="gguf",
         help="minivllm's weights: low-bit ('gguf') or dequantized to float ('none')",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "bfloat16", "float16"],
+        default="auto",
+        help="minivllm's KV cache ('auto': the model's float32 on CPU; llama.cpp's own "
+        "default cache is float16, so 'bfloat16' compares like with like)",
+    )
     group = parser.add_argument_group("matrix")
     group.add_argument("--matrix", action="store_true", help="many files, one table")
     group.add_argument("--families", nargs="+", choices=sorted(gguf_zoo.FAMILIES), metavar="F",
@@ -335,7 +345,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    ENGINE_ARGS[:] = ["--quantization", args.quantization]
+    ENGINE_ARGS[:] = ["--quantization", args.quantization, "--kv-cache-dtype", args.kv_cache_dtype]
     bin_dir = ensure_tools()
     if args.matrix:
         run_matrix(args, bin_dir)

@@ -28,6 +28,7 @@ from minivllm.compilation.passes import run_passes
 from minivllm.compilation.piecewise import PiecewiseBackend
 from minivllm.compilation.split import SplitItem, split_graph
 from minivllm.config.compilation import CompilationMode, resolve_obj_by_qualname
+from minivllm.kernels.inductor_isa import settle_vec_isa
 from minivllm.logger import init_logger
 
 if TYPE_CHECKING:
@@ -102,6 +103,10 @@ class VllmBackend:
             None
         )
         """Set by the model runner on CUDA to wrap each piece for piecewise graph capture."""
+        if self.use_inductor and vllm_config.device_config.device_type == "cpu":
+            # Before Dynamo traces and Inductor compiles or loads anything (it waits
+            # for a first start's background check, which runs Dynamo itself).
+            settle_vec_isa()
 
     @property
     def use_inductor(self) -> bool:

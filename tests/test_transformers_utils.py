@@ -231,3 +231,15 @@ def test_gemma3_gguf_config() -> None:
     assert cfg.rope_parameters["full_attention"]["rope_theta"] == 1_000_000.0
     assert cfg.rope_parameters["sliding_attention"]["rope_theta"] == 10_000.0
     assert cfg.eos_token_id == [1, 106] and cfg.tie_word_embeddings
+
+
+def test_gguf_header_is_parsed_once_per_file_version(tmp_path: Path) -> None:
+    """A start-up reads a file's header several times; it is parsed once, each caller
+    gets its own metadata dict, and a rewritten file is parsed anew."""
+    path = write_gguf(tmp_path / "m.gguf", vocab=40)
+    first = read_gguf_header(path)
+    assert len(first.metadata["tokenizer.ggml.tokens"]) == 40
+    first.metadata["general.architecture"] = "changed by a caller"
+    assert read_gguf_header(path).metadata["general.architecture"] == "qwen3"
+    write_gguf(path, vocab=48)  # same path, new contents (size and time differ)
+    assert len(read_gguf_header(path).metadata["tokenizer.ggml.tokens"]) == 48

@@ -15,6 +15,7 @@ The ``gguf`` package still supplies the value- and tensor-type enums.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import mmap
 import struct
@@ -245,10 +246,25 @@ def read_gguf_header(
     """
     p = Path(path).expanduser()
     try:
-        with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _HeaderParser(buf, full_arrays, max_array_len).parse()
+        stat = p.stat()
+        header = _parsed_header(
+            str(p.resolve()), stat.st_size, stat.st_mtime_ns, tuple(full_arrays), max_array_len
+        )
     except (OSError, struct.error, ValueError) as e:
         raise ValueError(f"cannot read GGUF file {str(p)!r}: {e}") from e
+    # Each caller gets its own metadata dict; the parsed values are shared.
+    return dataclasses.replace(header, metadata=dict(header.metadata))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_header(
+    path: str, size: int, mtime_ns: int, full_arrays: tuple[str, ...], max_array_len: int
+) -> GGUFHeader:
+    """One parse per file version: a start-up reads the header four times (config,
+    dtype, quantization check, loader), 0.13 s each for Gemma 3's 262k-token
+    vocabulary.  ``size`` and ``mtime_ns`` key a rewritten file anew."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return _HeaderParser(buf, full_arrays, max_array_len).parse()
 
 
 def read_gguf_metadata(

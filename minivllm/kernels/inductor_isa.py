@@ -1,19 +1,20 @@
 """Inductor's vector ISA check, done once per machine instead of once per process.
 
-Before Inductor generates C++ for a CPU, it checks every vector instruction set the
-CPU reports (AMX, AVX-512 VNNI, AVX-512, AVX2) by compiling a small program with that
-set's flags and loading it in a child process, in the main process and again in each
-compile worker.  That is ~1.4 s of every warm start and ~7 s of a first one on a
-2-core machine, for an answer that depends only on the CPU, the compiler and torch.
+Before Inductor generates or loads C++ for a CPU, it checks every vector instruction
+set the CPU reports (AMX, AVX-512 VNNI, AVX-512, AVX2) by compiling small programs
+with that set's flags and loading each in a child process: ten probes, ~1.4 s of
+every warm start and ~8 s of a first one on a 2-core machine, for an answer that
+depends only on the CPU, the compiler and torch.
 
 `settle_vec_isa` lets Inductor check once (on a first start in the background, from
-`start_checking`, while the C++ kernels build and the weights load), records the verdict under the cache root
-(keyed by torch's version, the compiler binary and the CPU's instruction sets), and
-when every instruction set the CPU reports passed, tells Inductor so
-(``config.cpp.vec_isa_ok``, and ``TORCHINDUCTOR_VEC_ISA_OK`` for its compile
-workers), which skips the check in this process, its workers and later starts.  When
-one failed (say a compiler too old for AMX), nothing is set and Inductor goes on
-checking each time, so its choice stays its own.
+`start_checking`, while the C++ kernels build and the weights load), records the
+verdict under the cache root (keyed by torch's version, the compiler binary and the
+CPU's instruction sets), and when every instruction set the CPU reports passed,
+tells Inductor so (``config.cpp.vec_isa_ok``, and ``TORCHINDUCTOR_VEC_ISA_OK`` for
+its compile workers), which skips the check in this process, its workers and later
+starts.  Inductor's config is per thread, so the verdict is applied in the thread
+that compiles.  When one set failed (say a compiler too old for AMX), nothing is set
+and Inductor goes on checking each time, so its choice stays its own.
 """
 
 from __future__ import annotations

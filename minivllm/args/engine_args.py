@@ -376,9 +376,7 @@ class EngineArgs:
                 # fields an old spelling was translated into (``level`` -> ``mode``).
                 user_paths |= leaf_paths(spec.path, nested, spec.nested_cls)
         built["user_set_paths"] = frozenset(user_paths)
-        config: VllmConfig = self._build(VllmConfig, built, "")
-        _start_inductor_isa_check(config)
-        return config
+        return self._build(VllmConfig, built, "")  # type: ignore[no-any-return]
 
 
 __all__ = ["ALIASES", "PARSERS", "TARGETS", "EngineArgs", "FlexibleArgumentParser"]
@@ -392,22 +390,6 @@ def _start_cpu_kernel_build(device: str) -> None:
     from minivllm.kernels import lowbit_cpu
 
     lowbit_cpu.start_building()
-
-
-def _start_inductor_isa_check(config: VllmConfig) -> None:
-    """A CPU start-up that will compile with Inductor settles Inductor's check of the
-    CPU's vector ISAs beside the kernel build and the weight loading
-    (`inductor_isa.start_checking`)."""
-    compilation = config.compilation_config
-    if (
-        config.device_config.device_type != "cpu"
-        or not compilation.mode
-        or compilation.backend != "inductor"
-    ):
-        return
-    from minivllm.kernels import inductor_isa
-
-    inductor_isa.start_checking()
 
 
 def _cuda_available() -> bool:

@@ -26,6 +26,7 @@ from minivllm.attention.paged_kv import (
 )
 from minivllm.config.vllm import set_current_vllm_config
 from minivllm.distributed import get_pp_group, get_world_group, output_rank
+from minivllm.kernels import inductor_isa
 from minivllm.kv_cache.groups import KVCacheGroups, plan_kv_cache_groups
 from minivllm.kv_transfer.worker_side import make_worker_connector, run_with_connector
 from minivllm.logger import init_logger
@@ -102,6 +103,11 @@ class ModelRunner:
         model_config = self.model_config
         load_format = self.vllm_config.load_config.load_format
         logger.info("start-up 1/4: loading the weights of %s", model_config.model)
+        compilation = self.vllm_config.compilation_config
+        if self.device.type == "cpu" and compilation.mode and compilation.backend == "inductor":
+            # Inductor's ISA check (a first start's: ~8 s of compilers) runs while the
+            # weights load and minivllm's kernels build; the compile waits for it.
+            inductor_isa.start_checking()
         spec = self.vllm_config.speculative_config
         if spec is not None:
             logger.info("speculative decoding: %s", spec.summary())

@@ -138,17 +138,25 @@ def _tiny_graph(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x * 2.0 + 1.0)
 
 
+def reported_isas() -> list[str]:
+    """Inductor's names of the vector instruction sets this CPU reports, best first
+    (what its check would test)."""
+    from torch._inductor import cpu_vec_isa
+
+    flags = cpu_vec_isa.x86_isa_checker()
+    return [
+        str(isa)
+        for isa in cpu_vec_isa.supported_vec_isa_list
+        if all(flag in flags for flag in str(isa).split())
+    ]
+
+
 def _verdict(fresh: list[bool] | None = None) -> dict[str, list[str]]:
     """The recorded check for this CPU, compiler and torch, made (and recorded) now
     if there is none (then ``fresh`` gets an entry)."""
     from torch._inductor import cpu_vec_isa
 
-    flags = cpu_vec_isa.x86_isa_checker()
-    reported = [
-        str(isa)
-        for isa in cpu_vec_isa.supported_vec_isa_list
-        if all(flag in flags for flag in str(isa).split())
-    ]
+    reported = reported_isas()
     path = _verdict_path(reported)
     try:
         verdict = json.loads(path.read_text())

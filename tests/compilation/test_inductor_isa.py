@@ -35,17 +35,8 @@ def fresh(tmp_path, monkeypatch):
         os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = saved_env
 
 
-def _reported() -> list[str]:
-    flags = cpu_vec_isa.x86_isa_checker()
-    return [
-        str(isa)
-        for isa in cpu_vec_isa.supported_vec_isa_list
-        if all(f in flags for f in str(isa).split())
-    ]
-
-
 def test_passing_check_is_recorded_and_trusted(fresh, monkeypatch):
-    reported = _reported()
+    reported = inductor_isa.reported_isas()
     calls = []
 
     def probe():
@@ -74,7 +65,7 @@ def test_passing_check_is_recorded_and_trusted(fresh, monkeypatch):
 
 
 def test_failed_isa_is_not_trusted(fresh, monkeypatch):
-    reported = _reported()
+    reported = inductor_isa.reported_isas()
     if len(reported) < 2:
         pytest.skip("needs a CPU reporting two vector ISAs")
     # The best instruction set failed (say the compiler is too old for AMX).

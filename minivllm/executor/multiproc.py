@@ -53,6 +53,8 @@ logger = init_logger(__name__)
 
 PARENT_POLL_S = 1.0
 """How often an idle worker checks that the engine process is still there."""
+_PEER_DEATH_GRACE_S = 0.5
+"""How long a rank's error waits for a peer's death to show (failure path only)."""
 
 
 class WorkerError(RuntimeError):
@@ -301,11 +303,25 @@ class MultiprocExecutor:
                     why = f"worker rank {rank} died (exit code {code}) during {method!r}"
                     raise self._fail(why) from exc
                 if isinstance(reply, CallFailed):
-                    raise self._fail(
-                        f"worker rank {rank} raised during {method!r}:\n{reply.traceback}"
-                    )
+                    raise self._fail(self._why_raised(rank, method, reply.traceback))
                 results[rank] = reply.value
         return [results[r] for r in range(self.world_size)]
+
+    def _why_raised(self, rank: int, method: str, traceback: str) -> str:
+        """What to report when ``rank`` raised: a peer that died is the root cause (a
+        collective with a dead rank fails on the live ones, often before the death is
+        noticed), so name the dead rank first and keep the live rank's error after it."""
+        others = [p.sentinel for r, p in enumerate(self.procs) if r != rank]
+        wait(others, timeout=_PEER_DEATH_GRACE_S)  # a peer's sockets close as it dies
+        dead = [r for r, p in enumerate(self.procs) if r != rank and p.exitcode is not None]
+        raised = f"worker rank {rank} raised during {method!r}:\n{traceback}"
+        if not dead:
+            return raised
+        died = "; ".join(
+            f"worker rank {r} died (exit code {self.procs[r].exitcode}) during {method!r}"
+            for r in dead
+        )
+        return f"{died}; then {raised}"
 
     def _fail(self, why: str) -> WorkerError:
         """Mark the executor dead; the error for the caller to raise."""

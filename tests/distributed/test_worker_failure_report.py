@@ -1,0 +1,80 @@
+"""Which failure the mp executor reports when one rank dies and another then raises.
+
+With tensor parallelism a killed rank makes its peers' next collective fail (a reset
+connection), and that error can reach the executor before the death does.  The report
+must still name the dead rank: its error is the cause, the live rank's only a symptom.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections import deque
+from typing import Any
+
+import pytest
+
+from minivllm.executor.multiproc import CallFailed, MultiprocExecutor, WorkerError
+
+
+def _raise_at_once(conn: Any) -> None:
+    conn.send(CallFailed("RuntimeError: Connection reset by peer\n"))
+    time.sleep(5)
+
+
+def _die_soon(conn: Any) -> None:
+    time.sleep(0.1)
+    os._exit(3)
+
+
+def _answer_none(conn: Any) -> None:
+    time.sleep(5)
+
+
+def _executor(*targets: Any) -> MultiprocExecutor:
+    """An executor over processes running ``targets`` (rank order), without a model."""
+    ctx = mp.get_context("fork")
+    executor = MultiprocExecutor.__new__(MultiprocExecutor)
+    executor.world_size = len(targets)
+    executor._failed = None
+    executor._pending = deque()
+    executor.conns, executor.procs = [], []
+    for target in targets:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=target, args=(child,), daemon=True)
+        proc.start()
+        executor.conns.append(parent)
+        executor.procs.append(proc)
+    return executor
+
+
+def _stop(executor: MultiprocExecutor) -> None:
+    for proc in executor.procs:
+        proc.kill()
+        proc.join()
+
+
+def test_a_dead_peer_is_reported_before_the_rank_that_raised() -> None:
+    executor = _executor(_raise_at_once, _die_soon)
+    try:
+        with pytest.raises(WorkerError) as info:
+            executor._gather("execute")
+        message = str(info.value)
+        assert message.startswith("worker rank 1 died (exit code 3) during 'execute'")
+        assert "then worker rank 0 raised during 'execute'" in message
+        assert "Connection reset by peer" in message
+        assert not executor.is_healthy()
+    finally:
+        _stop(executor)
+
+
+def test_a_rank_that_raises_alone_is_reported_as_raising() -> None:
+    executor = _executor(_raise_at_once, _answer_none)
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match=r"^worker rank 0 raised during 'execute'"):
+            executor._gather("execute")
+        assert time.monotonic() - start < 3  # the wait for a dying peer is short
+    finally:
+        _stop(executor)

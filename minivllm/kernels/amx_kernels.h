@@ -31,6 +31,7 @@
 namespace {
 
 constexpr int64_t kAmxMinRows = 24;  // term rows (12 tokens) from which AMX is used
+constexpr int64_t kQ8AmxMinRows = 6;  // the same for q8 (3 tokens; at 2 the two tie)
 
 #if defined(__x86_64__)
 // Whether this CPU has AMX-TILE and AMX-INT8 and Linux let this process use them.
@@ -198,14 +199,148 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_tiles_amx(
   }
 }
 
+// ---------------------------------------------------------------------------
+// The q8 GEMM (row-major int8 weights, one float scale per row) on AMX.  Here the
+// weights are the A operand, loaded straight from their rows (16 weight rows x 64
+// inputs a tile, K bytes apart), and the activations are B: for each 64 inputs,
+// 16 B rows (4 inputs each) of 16 term rows' codes, re-laid once per call
+// (`pack_q8_b`, a gather a B row).  `tdpbssd` (s8 x s8, no sign fix-up) gives the
+// int32 sums C[weight row][term row] of 64 inputs; each activation group's sums
+// (its 256, 128 or 64 inputs: `q8_act_group`) are converted and scaled once by the
+// term rows' scales, a vector along C's row.  The row scale and the token's two
+// terms are applied last.  The sums are exact, but the float steps differ from the
+// VNNI kernel's, so a row's last bits depend on which kernel its batch size picks:
+// the row-independent path (`VLLM_BATCH_INVARIANT=1`) keeps the VNNI kernel.
+
+constexpr int64_t kQ8AmxChunk = 64;  // inputs per `tdpbssd`
+
+// Tiles 0 and 1 the int32 sums, 2 and 3 weights, 4 and 5 activations: all 16 x 64 B.
+__attribute__((target("amx-tile"))) void configure_q8_tiles() {
+  TileConfig c;
+  for (int i = 0; i < 6; ++i) {
+    c.colsb[i] = 64;
+    c.rows[i] = 16;
+  }
+  _tile_loadconfig(&c);
+}
+
+// Term rows [r0, r0 + 16) of the codes `q` ([rows, K]) as B operands: B row k4
+// (inputs 4 k4 .. 4 k4 + 3 of every term row) at b + 64 k4, so input chunk c's
+// tile starts at b + 1024 c; and their scales per group as [groups][16].
+__attribute__((target("avx512f"))) void pack_q8_b(const int8_t* __restrict q,
+                                                  const float* __restrict scale, int64_t r0,
+                                                  int64_t K, int64_t groups, int8_t* __restrict b,
+                                                  float* __restrict xs) {
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(static_cast<int>(K)));
+  const int8_t* base = q + r0 * K;
+  for (int64_t k4 = 0; k4 < K / 4; ++k4)
+    _mm512_store_si512(b + 64 * k4, _mm512_i32gather_epi32(rows, base + 4 * k4, 1));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int i = 0; i < 16; ++i) xs[g * 16 + i] = scale[(r0 + i) * groups + g];
+}
+
+// Group g's sums (CH chunks of 64 inputs) of weight rows w[0, 16) into tile P.
+#define MINIVLLM_Q8_GROUP_PRODUCT(P, A, B, g)                  \
+  do {                                                         \
+    _tile_zero(P);                                             \
+    for (int64_t ch = (g) * CH; ch < ((g) + 1) * CH; ++ch) {   \
+      _tile_loadd(A, w + ch * kQ8AmxChunk, K);                 \
+      _tile_loadd(B, b + ch * 1024, 64);                       \
+      _tile_dpbssd(P, A, B);                                   \
+    }                                                          \
+  } while (0)
+
+// Group g's sums (tile P) stored and scaled into acc.
+#define MINIVLLM_Q8_GROUP_SCALED(P, g)                                               \
+  do {                                                                               \
+    _tile_stored(P, c[P], 64);                                                       \
+    const __m512 s = _mm512_load_ps(xs + (g) * 16);                                  \
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(  \
+        _mm512_cvtepi32_ps(_mm512_load_si512(c[P] + i * 16)), s, acc[i]);            \
+  } while (0)
+
+// Weight rows [n0, n0 + 16) (`w` at row n0) against the 16 term rows packed in `b`
+// / `xs` (term rows r0 ..): token r0 / 2 + t's outputs, for t < `tokens`, into
+// out + t N.  Groups alternate between two tile sets, as in `q4_rows_amx`.
+template <int CH>
+__attribute__((target("amx-tile,amx-int8,avx512f"))) void q8_rows_amx(
+    const int8_t* __restrict w, const int8_t* __restrict b, const float* __restrict xs,
+    const float* __restrict row_scale, int64_t K, int64_t groups, int64_t tokens, int64_t N,
+    float* __restrict out) {
+  alignas(64) int32_t c[2][16 * 16];
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  MINIVLLM_Q8_GROUP_PRODUCT(0, 2, 4, 0);
+  int64_t g = 1;
+  for (; g + 1 < groups; g += 2) {
+    MINIVLLM_Q8_GROUP_PRODUCT(1, 3, 5, g);
+    MINIVLLM_Q8_GROUP_SCALED(0, g - 1);
+    MINIVLLM_Q8_GROUP_PRODUCT(0, 2, 4, g + 1);
+    MINIVLLM_Q8_GROUP_SCALED(1, g);
+  }
+  if (g < groups) {
+    MINIVLLM_Q8_GROUP_PRODUCT(1, 3, 5, g);
+    MINIVLLM_Q8_GROUP_SCALED(0, g - 1);
+    MINIVLLM_Q8_GROUP_SCALED(1, g);
+  } else {
+    MINIVLLM_Q8_GROUP_SCALED(0, g - 1);
+  }
+  // acc[i] lane j: weight row n0 + i, term row r0 + j; a token is lanes 2t and 2t + 1.
+  alignas(64) float sums[16][16];
+  for (int i = 0; i < 16; ++i)
+    _mm512_store_ps(sums[i], _mm512_mul_ps(_mm512_add_ps(acc[i], _mm512_permute_ps(acc[i], 0xB1)),
+                                           _mm512_set1_ps(row_scale[i])));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int i = 0; i < 16; ++i) out[t * N + i] = sums[i][2 * t];
+}
+
+// Columns [n0, n1) of out [M, N] for whole 16-row weight tiles from n0; the column
+// where they stop (the caller computes the rest).  `group` inputs per activation
+// scale (a multiple of 64, dividing K).
+template <int CH>
+__attribute__((target("amx-tile,amx-int8,avx512f"))) int64_t q8_cols_amx_ch(
+    const int8_t* w, const float* row_scale, const QuantizedRows& a, int64_t M, int64_t K,
+    int64_t N, float* out, int64_t n0, int64_t n1) {
+  const int64_t groups = K / (CH * kQ8AmxChunk), rows = 2 * M, blocks = (rows + 15) / 16;
+  const int64_t tiles = (n1 - n0) / 16;
+  if (tiles == 0) return n0;
+  thread_local std::vector<int8_t> packed;
+  thread_local std::vector<float> scales;
+  const int64_t block_bytes = 16 * K, block_scales = 16 * groups;
+  packed.resize(blocks * block_bytes + 64);
+  scales.resize(blocks * block_scales + 16);
+  int8_t* b = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
+  float* xs = scales.data() + (16 - (reinterpret_cast<uintptr_t>(scales.data()) / 4) % 16) % 16;
+  for (int64_t r = 0; r < blocks; ++r)
+    pack_q8_b(a.q.data(), a.scale.data(), 16 * r, K, groups, b + r * block_bytes,
+              xs + r * block_scales);
+  configure_q8_tiles();
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t n = n0 + 16 * t;
+    for (int64_t r = 0; r < blocks; ++r)
+      q8_rows_amx<CH>(w + n * K, b + r * block_bytes, xs + r * block_scales, row_scale + n, K,
+                      groups, std::min<int64_t>(8, M - 8 * r), N, out + (8 * r) * N + n);
+  }
+  return n0 + 16 * tiles;
+}
+
+int64_t q8_cols_amx(const int8_t* w, const float* row_scale, const QuantizedRows& a, int64_t M,
+                    int64_t K, int64_t N, float* out, int64_t n0, int64_t n1, int64_t group) {
+  if (group == 256) return q8_cols_amx_ch<4>(w, row_scale, a, M, K, N, out, n0, n1);
+  if (group == 128) return q8_cols_amx_ch<2>(w, row_scale, a, M, K, N, out, n0, n1);
+  return q8_cols_amx_ch<1>(w, row_scale, a, M, K, N, out, n0, n1);
+}
+
 #else
 const bool kHasAmx = false;
 std::atomic<bool> g_amx_on{false};
 #endif
 
-// Whether the q4 GEMM of `rows` term rows runs on AMX here.
-inline bool use_amx(int64_t rows) {
-  return kHasAmx && rows >= kAmxMinRows && g_amx_on.load(std::memory_order_relaxed);
+// Whether the q4 GEMM of `rows` term rows runs on AMX here (q8: from `min_rows`).
+inline bool use_amx(int64_t rows, int64_t min_rows = kAmxMinRows) {
+  return kHasAmx && rows >= min_rows && g_amx_on.load(std::memory_order_relaxed);
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
 // out[M, N] = x[M, K] @ (W * scale).T for row-major int8 W [N, K]: `scale` is one
 // value per row (any float dtype, read as float32), or float16 [N, K / 32], one per
 // 32 inputs of each row (Q8_0's scales: the file's values, as stored).
-at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale) {
+at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                   bool amx) {
   const at::Tensor xf = float_rows(x);
   const int64_t M = xf.size(0), K = xf.size(1);
   TORCH_CHECK(K % kQ8Group == 0, "q8_gemm: inputs must be a multiple of 64");
@@ -46,7 +47,7 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   thread_local QuantizedRows a;
   q8_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<int8_t>(),
               grouped ? nullptr : rs.data_ptr<float>(),
-              grouped ? rs.data_ptr<c10::Half>() : nullptr, N, out.data_ptr<float>(), a);
+              grouped ? rs.data_ptr<c10::Half>() : nullptr, N, out.data_ptr<float>(), a, amx);
   return out;
 }
 
@@ -238,7 +239,7 @@ bool minivllm_cpu::isa_lowered() { return g_isa < kBestIsa; }
 
 TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("q4_gemm(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
-  m.def("q8_gemm(Tensor x, Tensor qweight, Tensor row_scale) -> Tensor");
+  m.def("q8_gemm(Tensor x, Tensor qweight, Tensor row_scale, bool amx=True) -> Tensor");
   m.def("q4_dequantize(Tensor qweight, Tensor scales, int inputs, ScalarType dtype) -> Tensor");
   m.def("int8_mm_scale(Tensor acc, Tensor hi, Tensor lo, Tensor scale) -> Tensor");
   m.def("lowbit_isa(int force) -> int", lowbit_isa);

@@ -20,8 +20,10 @@ Ops (all CPU, float32 out):
 
 - ``q4_gemm(x, qweight, scales)``: ``x [M, K] @ W.T`` for int4 weights in the
   tiled layout `pack_q4` makes;
-- ``q8_gemm(x, qweight, row_scale)``: the same for row-major int8 weights with one
-  scale per output row;
+- ``q8_gemm(x, qweight, row_scale, amx=True)``: the same for row-major int8 weights
+  with one scale per output row (or Q8_0's per 32 inputs); from 12 rows on AMX tiles
+  where the CPU has them, unless ``amx`` is false (a row's result then does not
+  depend on how many rows the call has);
 - ``q4_dequantize(qweight, scales, K, dtype)``: the dense weight of a tiled one;
 - ``int8_mm_scale(acc, hi, lo, scale)``: the float32 rows of an int8 x int8 product
   made for two activation terms (`quantized_linear.int8_act_mm`), in one pass;
@@ -161,7 +163,9 @@ def _register_fakes() -> None:
         rows = scales.numel() * Q4_GROUP // (2 * x.shape[1])
         return x.new_empty(x.shape[0], rows, dtype=torch.float32)
 
-    def q8_fake(x: torch.Tensor, qweight: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+    def q8_fake(
+        x: torch.Tensor, qweight: torch.Tensor, row_scale: torch.Tensor, amx: bool = True
+    ) -> torch.Tensor:
         return x.new_empty(x.shape[0], qweight.shape[0], dtype=torch.float32)
 
     def scale_fake(

@@ -760,13 +760,20 @@ void q4_tiles(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const Qu
 // Columns [r0, r1) of out[M, N] = x[M, K] @ (W * scale).T for row-major int8
 // W [N, K] (K a multiple of 64), scaled per row (`row_scale`) or, if `group_scale`
 // is given, per 32 inputs of each row; `a` quantized on `q8_path(isa, ...)`.
+// From 12 tokens, whole 16-row tiles of a per-row-scaled weight run on AMX where the
+// CPU has it, unless `allow_amx` is false (a row's result then does not depend on
+// the batch size: the two kernels round their float steps differently).
 void q8_rows(const int8_t* w, const float* row_scale, const c10::Half* group_scale,
              const QuantizedRows& a, int64_t M, int64_t K, int64_t N, float* out, int64_t r0,
-             int64_t r1, int64_t isa) {
+             int64_t r1, int64_t isa, bool allow_amx = true) {
   isa = q8_path(isa, group_scale != nullptr);
   const Q8Args p{w, row_scale, group_scale, &a, out, 2 * M, K, N, a.fix.data(),
                  q8_act_group(K, isa)};
 #if defined(__x86_64__)
+  if (isa == kAvx512 && allow_amx && row_scale != nullptr && use_amx(2 * M, kQ8AmxMinRows)) {
+    r0 = q8_cols_amx(w, row_scale, a, M, K, N, out, r0, r1, p.group);
+    if (r0 == r1) return;
+  }
   if (isa == kAvx512) return q8_rows_avx512(p, r0, r1);
   if (isa == kAvx2) return q8_rows16_avx2(p, r0, r1);
 #endif
@@ -802,11 +809,14 @@ void q4_gemm_raw(const float* x, int64_t M, int64_t K, const uint8_t* w, const u
 
 // The whole q8 GEMM (per-row or group scales, as `q8_rows`), on ATen's threads.
 void q8_gemm_raw(const float* x, int64_t M, int64_t K, const int8_t* w, const float* row_scale,
-                 const c10::Half* group_scale, int64_t N, float* out, QuantizedRows& a) {
+                 const c10::Half* group_scale, int64_t N, float* out, QuantizedRows& a,
+                 bool allow_amx = true) {
   const int64_t isa = q8_path(minivllm_cpu::active_isa(), group_scale != nullptr);
   quantize_rows(x, M, K, q8_act_group(K, isa), isa, a);
-  at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
-    q8_rows(w, row_scale, group_scale, a, M, K, N, out, r0, r1, isa);
+  // Ranges of whole 16-row tiles (the AMX kernel's unit), the last one short.
+  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t t0, int64_t t1) {
+    q8_rows(w, row_scale, group_scale, a, M, K, N, out, 16 * t0, std::min(N, 16 * t1), isa,
+            allow_amx);
   });
 }
 

@@ -150,10 +150,30 @@ def test_q8_gemm_matches_quantized_reference(isa: int, k: int) -> None:
         got16 = torch.ops.minivllm_cpu.q8_gemm(x, w, scale.bfloat16())
         want16 = seen(x, group) @ (w.float() * scale.bfloat16().float()[:, None]).T
         torch.testing.assert_close(got16, want16, rtol=1e-5, atol=1e-4)
-        # A token's outputs do not depend on the tokens beside it (batch invariance).
+        # A token's outputs do not depend on the tokens beside it (batch invariance):
+        # on AMX (from 3 rows) only with amx=False, the row-independent path's call.
+        fixed = torch.ops.minivllm_cpu.q8_gemm(x, w, scale, False)
+        if isa != AMX or rows < 3:
+            assert torch.equal(fixed, got)
         for r in (0, rows - 1):
             alone = torch.ops.minivllm_cpu.q8_gemm(x[r : r + 1], w, scale)
-            assert torch.equal(got[r : r + 1], alone)
+            assert torch.equal(fixed[r : r + 1], alone)
+
+
+def test_q8_gemm_on_amx_reads_whole_tiles_and_leaves_the_rest() -> None:
+    """The AMX q8 kernel computes whole 16-row weight tiles; the rows after the last
+    whole tile (and every row of a weight under 16 rows) run on the VNNI kernel, so
+    each output row must equal the reference whatever the split."""
+    if lowbit_cpu.isa() < 2 or not lowbit_cpu.amx():
+        pytest.skip("this CPU (or its kernel) offers no AMX")
+    gen = torch.Generator().manual_seed(2)
+    for n, k, rows in ((7, 128, 12), (16, 64, 3), (33, 640, 64), (50, 1024, 17)):
+        w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+        scale = torch.rand(n, generator=gen) * 0.01
+        x = torch.randn(rows, k, generator=gen)
+        got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
+        want = _quantized(x, _q8_act_group(k, 2)) @ (w.float() * scale[:, None]).T
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
 def test_q8_gemm_reads_q8_0_scales_per_32_inputs(isa: int) -> None:

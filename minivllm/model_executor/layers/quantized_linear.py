@@ -100,6 +100,16 @@ def native_kernels() -> bool:
     return lowbit_cpu.available()
 
 
+def q8_on_amx() -> bool:
+    """Whether minivllm's int8 kernel computes batches of 3 rows or more on AMX tiles
+    here (``amx_int8``; `lowbit_cpu.amx`).  It then serves an int8 weight at every row
+    count up to `LOWBIT_MAX_TOKENS`, the LM head included: on a 2-core Sapphire Rapids
+    it ran 16-64 rows at 3-6x its VNNI form and about 2x ``torch._int_mm`` on the same
+    two activation terms (Gemma 3's 262144 x 640 head at 32 rows: 24 against 54 ms;
+    ``python benchmarks/q8_kernel.py``)."""
+    return native_kernels() and lowbit_cpu.amx()
+
+
 def int4_supported(parts: list[GGUFWeight]) -> bool:
     rows = sum(p.shape[0] for p in parts)
     block = lowbit_cpu.ROW_TILE if native_kernels() else _N_BLOCK
@@ -292,7 +302,10 @@ def lowbit_linear_impl(
         and _q8_native(qweight)
         and (
             rows < low
-            or (rows <= high and (grouped_int8(scales) or not cpu_has_fast_int8_matmul()))
+            or (
+                rows <= high
+                and (grouped_int8(scales) or not cpu_has_fast_int8_matmul() or q8_on_amx())
+            )
         )
     ):
         # Without VNNI/AMX minivllm's AVX2 kernel stays ahead of torch's weight-only
@@ -339,8 +352,8 @@ def _row_independent_mm(
     kernels take every row through the same loop."""
     if kind == Q4:
         return torch.ops.minivllm_cpu.q4_gemm(flat, qweight, scales)
-    if kind == INT8 and _q8_native(qweight):
-        return torch.ops.minivllm_cpu.q8_gemm(flat, qweight, scales)
+    if kind == INT8 and _q8_native(qweight):  # VNNI at any row count: not AMX's roundings
+        return torch.ops.minivllm_cpu.q8_gemm(flat, qweight, scales, False)
     flat = flat.to(scales.dtype).contiguous()
     if kind == INT4:
         return torch._weight_int4pack_mm_for_cpu(flat, qweight, GROUP, scales)
@@ -425,6 +438,7 @@ def lowbit_logits_impl(
         or grouped_int8(scales)
         or flat.shape[0] < INT_MM_MIN_TOKENS
         or not cpu_has_fast_int8_matmul()
+        or q8_on_amx()
         or envs.batch_invariant()
     ):
         return lowbit_linear_impl(x, qweight, scales, None, kind).float()

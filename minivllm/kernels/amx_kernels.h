@@ -214,10 +214,11 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_tiles_amx(
 
 constexpr int64_t kQ8AmxChunk = 64;  // inputs per `tdpbssd`
 
-// Tiles 0 and 1 the int32 sums, 2 and 3 weights, 4 and 5 activations: all 16 x 64 B.
+// Tiles 0-3 the int32 sums of four blocks of term rows, 4 the weights, 5-7 the
+// activations: all 16 rows x 64 bytes.
 __attribute__((target("amx-tile"))) void configure_q8_tiles() {
   TileConfig c;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 8; ++i) {
     c.colsb[i] = 64;
     c.rows[i] = 16;
   }
@@ -241,64 +242,71 @@ __attribute__((target("avx512f"))) void pack_q8_b(const int8_t* __restrict q,
     for (int i = 0; i < 16; ++i) xs[g * 16 + i] = scale[(r0 + i) * groups + g];
 }
 
-// Group g's sums (CH chunks of 64 inputs) of weight rows w[0, 16) into tile P.
-#define MINIVLLM_Q8_GROUP_PRODUCT(P, A, B, g)                  \
-  do {                                                         \
-    _tile_zero(P);                                             \
-    for (int64_t ch = (g) * CH; ch < ((g) + 1) * CH; ++ch) {   \
-      _tile_loadd(A, w + ch * kQ8AmxChunk, K);                 \
-      _tile_loadd(B, b + ch * 1024, 64);                       \
-      _tile_dpbssd(P, A, B);                                   \
-    }                                                          \
+// Block R's sums of input chunk ch into tile R (the weights' chunk is in tile 4).
+#define MINIVLLM_Q8_BLOCK_PRODUCT(R, B)                       \
+  do {                                                        \
+    _tile_loadd(B, b + (R) * block_bytes + ch * 1024, 64);    \
+    _tile_dpbssd(R, 4, B);                                    \
   } while (0)
 
-// Group g's sums (tile P) stored and scaled into acc.
-#define MINIVLLM_Q8_GROUP_SCALED(P, g)                                               \
-  do {                                                                               \
-    _tile_stored(P, c[P], 64);                                                       \
-    const __m512 s = _mm512_load_ps(xs + (g) * 16);                                  \
-    _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(  \
-        _mm512_cvtepi32_ps(_mm512_load_si512(c[P] + i * 16)), s, acc[i]);            \
-  } while (0)
-
-// Weight rows [n0, n0 + 16) (`w` at row n0) against the 16 term rows packed in `b`
-// / `xs` (term rows r0 ..): token r0 / 2 + t's outputs, for t < `tokens`, into
-// out + t N.  Groups alternate between two tile sets, as in `q4_rows_amx`.
+// Weight rows [n, n + 16) (`w` at row n) against `nb` (1-4) blocks of 16 term rows
+// packed in `b` / `xs` (block r at b + r block_bytes, xs + r block_scales): the
+// outputs of token t (counted from the first block's) for t < `tokens` into
+// out + t N.  Per activation group, each block's sums accumulate over its CH
+// chunks in a tile of its own (four independent chains keep the matrix unit busy,
+// where one block at a time waited on each product's latency: Gemma 3's head at
+// 32 rows 24 -> ? ms), then are stored, converted and scaled into float sums.
 template <int CH>
-__attribute__((target("amx-tile,amx-int8,avx512f"))) void q8_rows_amx(
-    const int8_t* __restrict w, const int8_t* __restrict b, const float* __restrict xs,
-    const float* __restrict row_scale, int64_t K, int64_t groups, int64_t tokens, int64_t N,
-    float* __restrict out) {
-  alignas(64) int32_t c[2][16 * 16];
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  MINIVLLM_Q8_GROUP_PRODUCT(0, 2, 4, 0);
-  int64_t g = 1;
-  for (; g + 1 < groups; g += 2) {
-    MINIVLLM_Q8_GROUP_PRODUCT(1, 3, 5, g);
-    MINIVLLM_Q8_GROUP_SCALED(0, g - 1);
-    MINIVLLM_Q8_GROUP_PRODUCT(0, 2, 4, g + 1);
-    MINIVLLM_Q8_GROUP_SCALED(1, g);
+__attribute__((target("amx-tile,amx-int8,avx512f"))) void q8_tile_amx(
+    const int8_t* __restrict w, const int8_t* __restrict b, int64_t block_bytes,
+    const float* __restrict xs, int64_t block_scales, const float* __restrict row_scale,
+    int64_t K, int64_t groups, int nb, int64_t tokens, int64_t N, float* __restrict out) {
+  alignas(64) int32_t c[4][16 * 16];
+  alignas(64) float acc[4][16][16];
+  std::memset(acc, 0, sizeof(acc));
+  for (int64_t g = 0; g < groups; ++g) {
+    _tile_zero(0);
+    if (nb > 1) _tile_zero(1);
+    if (nb > 2) _tile_zero(2);
+    if (nb > 3) _tile_zero(3);
+    for (int64_t ch = g * CH; ch < (g + 1) * CH; ++ch) {
+      _tile_loadd(4, w + ch * kQ8AmxChunk, K);
+      MINIVLLM_Q8_BLOCK_PRODUCT(0, 5);
+      if (nb > 1) MINIVLLM_Q8_BLOCK_PRODUCT(1, 6);
+      if (nb > 2) MINIVLLM_Q8_BLOCK_PRODUCT(2, 7);
+      if (nb > 3) MINIVLLM_Q8_BLOCK_PRODUCT(3, 5);
+    }
+    _tile_stored(0, c[0], 64);
+    if (nb > 1) _tile_stored(1, c[1], 64);
+    if (nb > 2) _tile_stored(2, c[2], 64);
+    if (nb > 3) _tile_stored(3, c[3], 64);
+    for (int r = 0; r < nb; ++r) {
+      const __m512 s = _mm512_load_ps(xs + r * block_scales + g * 16);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        _mm512_store_ps(acc[r][i],
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[r] + i * 16)), s,
+                                        _mm512_load_ps(acc[r][i])));
+    }
   }
-  if (g < groups) {
-    MINIVLLM_Q8_GROUP_PRODUCT(1, 3, 5, g);
-    MINIVLLM_Q8_GROUP_SCALED(0, g - 1);
-    MINIVLLM_Q8_GROUP_SCALED(1, g);
-  } else {
-    MINIVLLM_Q8_GROUP_SCALED(0, g - 1);
+  // acc[r][i] lane j: weight row n + i, term row j of block r; a token is lanes
+  // 2 t and 2 t + 1.
+  for (int r = 0; r < nb; ++r) {
+    alignas(64) float sums[16][16];
+    for (int i = 0; i < 16; ++i) {
+      const __m512 v = _mm512_load_ps(acc[r][i]);
+      _mm512_store_ps(sums[i], _mm512_mul_ps(_mm512_add_ps(v, _mm512_permute_ps(v, 0xB1)),
+                                             _mm512_set1_ps(row_scale[i])));
+    }
+    const int64_t left = std::min<int64_t>(8, tokens - 8 * r);
+    for (int64_t t = 0; t < left; ++t)
+      for (int i = 0; i < 16; ++i) out[(8 * r + t) * N + i] = sums[i][2 * t];
   }
-  // acc[i] lane j: weight row n0 + i, term row r0 + j; a token is lanes 2t and 2t + 1.
-  alignas(64) float sums[16][16];
-  for (int i = 0; i < 16; ++i)
-    _mm512_store_ps(sums[i], _mm512_mul_ps(_mm512_add_ps(acc[i], _mm512_permute_ps(acc[i], 0xB1)),
-                                           _mm512_set1_ps(row_scale[i])));
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int i = 0; i < 16; ++i) out[t * N + i] = sums[i][2 * t];
 }
 
 // Columns [n0, n1) of out [M, N] for whole 16-row weight tiles from n0; the column
-// where they stop (the caller computes the rest).  `group` inputs per activation
-// scale (a multiple of 64, dividing K).
+// where they stop (the caller computes the rest).  CH chunks of 64 inputs per
+// activation scale.
 template <int CH>
 __attribute__((target("amx-tile,amx-int8,avx512f"))) int64_t q8_cols_amx_ch(
     const int8_t* w, const float* row_scale, const QuantizedRows& a, int64_t M, int64_t K,
@@ -319,9 +327,11 @@ __attribute__((target("amx-tile,amx-int8,avx512f"))) int64_t q8_cols_amx_ch(
   configure_q8_tiles();
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t n = n0 + 16 * t;
-    for (int64_t r = 0; r < blocks; ++r)
-      q8_rows_amx<CH>(w + n * K, b + r * block_bytes, xs + r * block_scales, row_scale + n, K,
-                      groups, std::min<int64_t>(8, M - 8 * r), N, out + (8 * r) * N + n);
+    for (int64_t r = 0; r < blocks; r += 4)  // four blocks (32 tokens) at a time
+      q8_tile_amx<CH>(w + n * K, b + r * block_bytes, block_bytes, xs + r * block_scales,
+                      block_scales, row_scale + n, K, groups,
+                      static_cast<int>(std::min<int64_t>(4, blocks - r)), M - 8 * r, N,
+                      out + (8 * r) * N + n);
   }
   return n0 + 16 * tiles;
 }

@@ -28,7 +28,8 @@ than a bfloat16 GEMM and run ~2x faster; at 32 tokens they are 3-4x slower):
 Both kernels' cost grows linearly with rows (they do not use AMX), so a large
 batch (prefill chunks) expands the weight to bfloat16 for that call and runs a
 dense GEMM instead; nothing expanded is kept.  An int8 weight at 16-64 rows runs
-int8 x int8 instead (`int8_act_mm`, activations quantized as two int8 terms).
+int8 x int8 instead (`int8_act_mm`, activations quantized as two int8 terms), or
+on minivllm's AMX int8 kernel where the CPU has AMX (`q8_on_amx`).
 An int8 weight is cheap to expand (above `LOWBIT_MAX_TOKENS` rows); an int4 one
 costs ~2-10 ms (torch ops), which the dense GEMM repays from ~200-300 rows on the
 default model's shapes (`INT4_MAX_TOKENS`; ``python benchmarks/lowbit_gemm.py``).  The expanded weight
@@ -40,7 +41,7 @@ The LM head (`lowbit_logits`, then `refine_top_logits`): the kernels' bfloat16
 outputs rank close logits wrongly, so each row's top logits are recomputed in
 float32 from the file's raw blocks; the rest stay approximate.  With that, an
 int8 head from `INT_MM_MIN_TOKENS` rows quantizes its activations too and runs
-int8 x int8 (``torch._int_mm``).  Measured teacher-forced on the default model
+int8 x int8 (``torch._int_mm``; with AMX, minivllm's tile kernel).  Measured teacher-forced on the default model
 (``benchmarks/gguf_accuracy.py``): top-1 agreement with the float32 model 93.8%
 before, 98.6% with these; the rest of the loss is the body's bfloat16
 activations, outputs and scales (~1.5%).
@@ -415,7 +416,8 @@ def q4_kernel_linear(
 
 
 INT_MM_MIN_TOKENS = 8
-"""From this many rows an int8 LM head runs on `torch._int_mm` (int8 x int8)."""
+"""From this many rows an int8 LM head runs on `torch._int_mm` (int8 x int8) on CPUs
+with VNNI but no AMX."""
 
 
 def lowbit_logits_impl(
@@ -424,10 +426,11 @@ def lowbit_logits_impl(
     """Approximate float32 logits of a low-bit LM head (`refine_top_logits` then
     makes each row's top ones exact).
 
-    An int8 head at `INT_MM_MIN_TOKENS` rows or more, on a CPU with VNNI or AMX
-    (`cpu_has_fast_int8_matmul`), quantizes the activations too, as two int8 terms
-    per row, and runs ``torch._int_mm`` (oneDNN, AMX/VNNI int8): several times faster than the weight-only int8 kernel at 32 rows
-    (``_weight_int8pack_mm`` grows linearly with rows).  The refinement
+    An int8 head at `INT_MM_MIN_TOKENS` rows or more, on a CPU with VNNI but no AMX
+    (`cpu_has_fast_int8_matmul`, `q8_on_amx`), quantizes the activations too, as two
+    int8 terms per row, and runs ``torch._int_mm`` (oneDNN's VNNI int8): several times
+    faster than the weight-only int8 kernel at 32 rows.  With AMX minivllm's int8
+    kernel runs it on tiles instead (about 2x ``torch._int_mm``).  The refinement
     recomputes the top logits whichever kernel ran (set by how many rows the
     batch has); the others differ between the two paths by their rounding.
     Fewer rows, and int4 heads, use `lowbit_linear`.

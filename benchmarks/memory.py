@@ -8,7 +8,9 @@ short generation (4 prompts x 64 tokens, batched).  The KV cache is fixed at
 Prints per model: the file's size; resident set (anonymous + file-backed) at each
 point; the growth over the baseline less the KV cache, as a multiple of the file
 (the figure the issue caps); and the bytes of the model's own tensors (parameters
-and buffers, each storage once) as a multiple of the file.
+and buffers, each storage once) as a multiple of the file, those in memory of their
+own apart from those that map the file itself (read on demand, resident only where
+touched: the lookup table).
 
     python benchmarks/memory.py
     python benchmarks/memory.py --model some.gguf
@@ -36,13 +38,29 @@ def status() -> dict[str, int]:
     return out
 
 
-def tensor_bytes(module) -> int:  # noqa: ANN001
-    """Bytes of the module's parameters and buffers, each storage counted once."""
+def file_mappings(path: str) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of the file ``path``."""
+    target = os.path.realpath(path)
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and os.path.realpath(fields[5]) == target:
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((lo, hi))
+    return ranges
+
+
+def tensor_bytes(module, path: str) -> tuple[int, int]:  # noqa: ANN001
+    """Bytes of the module's parameters and buffers, each storage counted once: those
+    in memory of their own, and those that are mappings of the model file (its pages,
+    read on demand: the embedding table and an LM head's exact rows)."""
+    mapped = file_mappings(path)
     storages = {}
     for t in [*module.parameters(), *module.buffers()]:
         s = t.untyped_storage()
         storages[s.data_ptr()] = s.nbytes()
-    return sum(storages.values())
+    in_file = sum(n for p, n in storages.items() if any(lo <= p < hi for lo, hi in mapped))
+    return sum(storages.values()) - in_file, in_file
 
 
 def child(path: str, kv_mib: int) -> None:
@@ -61,8 +79,9 @@ def child(path: str, kv_mib: int) -> None:
     llm.generate(prompts, params, use_tqdm=False)
     generated = status()
     kv = sum(t.untyped_storage().nbytes() for t in runner.kv_caches)
+    own, in_file = tensor_bytes(runner.model, path)
     report = dict(
-        base=base, loaded=loaded, generated=generated, kv=kv, tensors=tensor_bytes(runner.model)
+        base=base, loaded=loaded, generated=generated, kv=kv, tensors=own, mapped=in_file
     )
     print("MEMORY " + json.dumps(report), flush=True)
 
@@ -87,7 +106,8 @@ def main() -> None:
 
     models = [Path(m) for m in args.model] if args.model else shipped_models()
     print(f"{'model':34} {'file':>7} {'base':>7} {'loaded':>7} {'gen':>7} {'anon':>7} "
-          f"{'file-b':>7} {'kv':>5} {'growth/file':>11} {'tensors/file':>12}  (MiB)")  # fmt: skip
+          f"{'file-b':>7} {'kv':>5} {'growth/file':>11} {'tensors/file':>12} "
+          f"{'mapped/file':>11}  (MiB)")  # fmt: skip
     for path in models:
         r = measure(path, args.kv_mib)
         size = path.stat().st_size
@@ -98,7 +118,7 @@ def main() -> None:
             f"{r['loaded']['VmRSS'] / MiB:>7.1f} {gen['VmRSS'] / MiB:>7.1f} "
             f"{(gen['RssAnon'] - base['RssAnon']) / MiB:>7.1f} "
             f"{(gen['RssFile'] - base['RssFile']) / MiB:>7.1f} {r['kv'] / MiB:>5.0f} "
-            f"{growth / size:>11.2f} {r['tensors'] / size:>12.2f}",
+            f"{growth / size:>11.2f} {r['tensors'] / size:>12.2f} {r['mapped'] / size:>11.2f}",
             flush=True,
         )
     print("load " + " ".join(f"{x:.2f}" for x in os.getloadavg()))

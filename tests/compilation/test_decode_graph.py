@@ -39,11 +39,20 @@ def run(llm: Any, graph_on: bool, prompts: list[list[int]], n: int = 20) -> list
 
 
 def assert_same(graph: list[Any], piecewise: list[Any], atol: float = 1e-4) -> None:
+    """Same tokens, and each top log-probability within ``atol``.  A token that only
+    one path lists must be a near-tie at the cut of the top-k: the other path's
+    weakest listed token is within ``atol`` of it (seen on Gemma 3: ranks 2 and 3
+    0.002 apart, swapped by the paths' float32 rounding)."""
     for g, p in zip(graph, piecewise, strict=True):
         assert list(g.token_ids) == list(p.token_ids)
         for lg, lp in zip(g.logprobs, p.logprobs, strict=True):
-            for tok, entry in lp.items():
-                assert lg[tok].logprob == pytest.approx(entry.logprob, abs=atol)
+            for one, other in ((lp, lg), (lg, lp)):
+                weakest = min(e.logprob for e in other.values())
+                for tok, entry in one.items():
+                    if tok in other:
+                        assert other[tok].logprob == pytest.approx(entry.logprob, abs=atol)
+                    else:
+                        assert abs(entry.logprob - weakest) <= atol, (tok, entry, other)
 
 
 @pytest.fixture(scope="module")

@@ -49,9 +49,31 @@ class GGUFWeight:
     """The GGUF tensor type."""
     shape: tuple[int, int]
     """``(rows, cols)`` of the weight it encodes (HF order)."""
+    origin: tuple[str, int] | None = field(default=None, repr=False, compare=False)
+    """``(file path, byte offset of row 0)`` where ``data`` lies as it is in the file,
+    or None when the rows were re-laid (`stored` then keeps ``data`` itself)."""
     _q8_0: tuple[torch.Tensor, torch.Tensor] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    _stored: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+
+    def stored(self) -> torch.Tensor:
+        """The blocks to keep after loading: a mapping of their own range of the file
+        (read on demand, as the file's pages; resident only where a lookup touched
+        them), or ``data`` itself when the rows are not the file's as laid out.
+
+        The load reads every page of the file through its own mapping to convert the
+        weights; a table kept for lookups (the embedding, an LM head's exact top
+        logits) gets a fresh one, so the pages that conversion touched are not held
+        resident by this process once the load's mapping is gone."""
+        if self.origin is None:
+            return self.data
+        if self._stored is None:  # once: a tied embedding and head share the mapping
+            path, offset = self.origin
+            shape = tuple(self.data.shape)
+            mapped = np.memmap(path, dtype=np.uint8, mode="c", offset=offset, shape=shape)
+            self._stored = torch.from_numpy(mapped.view(np.ndarray))
+        return self._stored
 
     def q8_0_parts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A Q8_0 weight's codes ``int8 [rows, cols]`` and scales ``float16
@@ -72,7 +94,11 @@ class GGUFWeight:
         return dequantize_rows(self.data, self.qtype, self.shape[1])
 
     def narrow_rows(self, start: int, length: int) -> GGUFWeight:
-        return GGUFWeight(self.data[start : start + length], self.qtype, (length, self.shape[1]))
+        origin = None
+        if self.origin is not None:
+            origin = (self.origin[0], self.origin[1] + start * self.data.shape[1])
+        data = self.data[start : start + length]
+        return GGUFWeight(data, self.qtype, (length, self.shape[1]), origin)
 
 
 def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:

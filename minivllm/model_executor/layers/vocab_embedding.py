@@ -3,12 +3,13 @@
 Given quantized GGUF blocks (`GGUFWeight`), the embedding keeps the raw blocks
 and expands only the rows it looks up (exactly the file's values), and the LM
 head computes on a low-bit copy (`quantized_linear`) and recomputes each row's
-top logits exactly from the blocks.  A Q8_0 table is held as its codes and
-float16 scales instead (`GGUFWeight.q8_0_parts`), which the lookup, the head's
-kernel (on minivllm's kernels) and its exact top logits all read: a tied Q8_0
-pair (Gemma 3's 262k x 640 table) then holds the file's bytes once, not the
-blocks beside an int8 copy.  A tied pair shares one
-parameter, so the blocks ride on that parameter until both have taken them.
+top logits exactly from the blocks.  The blocks kept are the file's own pages,
+mapped (`GGUFWeight.stored`): a lookup or a top-logit row reads its few pages,
+and the table is not held in memory a second time beside the head's low-bit copy
+(Gemma 3's tied 262k x 640 Q8_0 table: 178 MB).  Where the head's kernel computes
+on a Q8_0 table's own codes and float16 scales (`quantized_linear.q8_0_native`),
+the lookup and the exact top logits read those same tensors.  A tied pair shares
+one parameter, so the blocks ride on that parameter until both have taken them.
 With ``quantization="int8_per_channel"`` the head is quantized to int8 at load
 (`ParallelLMHead.quantize_int8`) and the embedding stays float; the top logits
 are recomputed from the float table when the two are tied, else from the int8
@@ -27,6 +28,7 @@ from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_ro
 from minivllm.model_executor.layers.quantized_linear import (
     PLAIN_TABLE,
     lowbit_logits,
+    q8_0_native,
     quantize_parts,
     refine_top_logits,
 )
@@ -90,12 +92,15 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = None  # type: ignore[assignment]
 
     def _take_table(self, source: GGUFWeight) -> None:
-        """``source`` as the exact table (a Q8_0 one as codes and scales)."""
-        if source.qtype == GGMLQuantizationType.Q8_0:
+        """``source`` as the exact table: a Q8_0 one as the codes and scales that the
+        head's kernel computes on, where it does (`q8_0_native`); any other as the
+        file's blocks, mapped (`GGUFWeight.stored`), so the table costs no memory of
+        its own beside the low-bit copy the head computes on."""
+        if source.qtype == GGMLQuantizationType.Q8_0 and q8_0_native([source]):
             self.qtable, self.table_scales = source.q8_0_parts()
             self.qtype = PLAIN_TABLE
         else:
-            self.qtable, self.qtype = source.data, int(source.qtype)
+            self.qtable, self.qtype = source.stored(), int(source.qtype)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.table_scales is not None:

@@ -96,8 +96,12 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 class _Tensor:
     """One tensor of a GGUF file: name, type, GGUF-order shape, raw bytes."""
 
-    def __init__(self, name: str, tensor_type: GGMLQuantizationType, shape, data) -> None:
+    def __init__(
+        self, name: str, tensor_type: GGMLQuantizationType, shape, data, origin: tuple[str, int]
+    ) -> None:
         self.name, self.tensor_type, self.shape, self.data = name, tensor_type, shape, data
+        self.origin = origin
+        """``(path, byte offset)`` of the tensor's bytes in the file."""
 
 
 def _read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[_Tensor]]:
@@ -109,7 +113,7 @@ def _read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[_T
     from minivllm.transformers_utils.config import read_gguf_header
 
     header = read_gguf_header(path)
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    mm = np.memmap(path, dtype=np.uint8, mode="c")
     tensors = []
     for t in header.tensors:
         qtype = GGMLQuantizationType[t.ggml_type]
@@ -117,7 +121,8 @@ def _read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[_T
         count = int(np.prod(t.shape))
         start = header.data_start + t.offset
         raw = mm[start : start + count // block * type_size]
-        tensors.append(_Tensor(t.name, qtype, t.shape, raw.reshape(count // t.shape[0], -1)))
+        rows = raw.reshape(count // t.shape[0], -1)
+        tensors.append(_Tensor(t.name, qtype, t.shape, rows, (os.fspath(path), start)))
     return header.metadata, tensors
 
 
@@ -163,10 +168,12 @@ def read_gguf_quantized(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any
         shape = tuple(int(d) for d in reversed(t.shape))
         w: Any
         if len(shape) == 2 and qtype not in FLOAT_TYPES:
-            # Shaped in numpy: a torch view here would reach the layers as a tensor
-            # with a ``_base``, which the AOT-saved Dynamo trace cannot pickle.
-            raw = np.array(t.data, copy=True).view(np.uint8).reshape(shape[0], -1)
-            w = GGUFWeight(torch.from_numpy(raw), qtype, (shape[0], shape[1]))
+            # The file's bytes in place (a copy-on-write mapping: nothing is copied, and
+            # pages are read as the layers convert them), shaped in numpy: a torch view
+            # would reach the layers as a tensor with a ``_base``, which the AOT-saved
+            # Dynamo trace cannot pickle.
+            raw = t.data.view(np.ndarray).reshape(shape[0], -1)
+            w = GGUFWeight(torch.from_numpy(raw), qtype, (shape[0], shape[1]), t.origin)
         else:
             w = gguf_dequant.dequantize(t.data, t.tensor_type, shape)
             if arch == "gemma3" and hf_name.endswith("norm.weight"):

@@ -80,9 +80,7 @@ def child(path: str, kv_mib: int) -> None:
     generated = status()
     kv = sum(t.untyped_storage().nbytes() for t in runner.kv_caches)
     own, in_file = tensor_bytes(runner.model, path)
-    report = dict(
-        base=base, loaded=loaded, generated=generated, kv=kv, tensors=own, mapped=in_file
-    )
+    report = dict(base=base, loaded=loaded, generated=generated, kv=kv, tensors=own, mapped=in_file)
     print("MEMORY " + json.dumps(report), flush=True)
 
 

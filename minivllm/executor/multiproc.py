@@ -291,7 +291,7 @@ class MultiprocExecutor:
                     rank = by_sentinel[obj]
                     if rank in results or self.conns[rank].poll():
                         continue  # its answer is there; read it first
-                    code = self.procs[rank].exitcode
+                    code = self._exit_code(rank)
                     raise self._fail(
                         f"worker rank {rank} died (exit code {code}) during {method!r}"
                     )
@@ -299,7 +299,7 @@ class MultiprocExecutor:
                 try:
                     reply: WorkerReply = obj.recv()
                 except (EOFError, OSError) as exc:
-                    code = self.procs[rank].exitcode
+                    code = self._exit_code(rank)
                     why = f"worker rank {rank} died (exit code {code}) during {method!r}"
                     raise self._fail(why) from exc
                 if isinstance(reply, CallFailed):
@@ -312,16 +312,27 @@ class MultiprocExecutor:
         collective with a dead rank fails on the live ones, often before the death is
         noticed), so name the dead rank first and keep the live rank's error after it."""
         others = [p.sentinel for r, p in enumerate(self.procs) if r != rank]
-        wait(others, timeout=_PEER_DEATH_GRACE_S)  # a peer's sockets close as it dies
-        dead = [r for r, p in enumerate(self.procs) if r != rank and p.exitcode is not None]
+        ready = set(wait(others, timeout=_PEER_DEATH_GRACE_S))  # sockets close as it dies
+        dead = [
+            r
+            for r, p in enumerate(self.procs)
+            if r != rank and (p.sentinel in ready or p.exitcode is not None)
+        ]
         raised = f"worker rank {rank} raised during {method!r}:\n{traceback}"
         if not dead:
             return raised
         died = "; ".join(
-            f"worker rank {r} died (exit code {self.procs[r].exitcode}) during {method!r}"
-            for r in dead
+            f"worker rank {r} died (exit code {self._exit_code(r)}) during {method!r}" for r in dead
         )
         return f"{died}; then {raised}"
+
+    def _exit_code(self, rank: int) -> int | None:
+        """A dead rank's exit code.  Its sentinel is ready once its files are closed,
+        a moment before the kernel lets it be reaped (a loaded machine widened that
+        moment past the grace: the death went unreported), so wait for that briefly."""
+        proc = self.procs[rank]
+        proc.join(_PEER_DEATH_GRACE_S)
+        return proc.exitcode
 
     def _fail(self, why: str) -> WorkerError:
         """Mark the executor dead; the error for the caller to raise."""

@@ -7,6 +7,7 @@ must still name the dead rank: its error is the cause, the live rank's only a sy
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import time
@@ -23,8 +24,8 @@ def _raise_at_once(conn: Any) -> None:
     time.sleep(5)
 
 
-def _die_soon(conn: Any) -> None:
-    time.sleep(0.1)
+def _die_once_released(released: Any, conn: Any) -> None:
+    released.wait(30)
     os._exit(3)
 
 
@@ -55,8 +56,21 @@ def _stop(executor: MultiprocExecutor) -> None:
         proc.join()
 
 
-def test_a_dead_peer_is_reported_before_the_rank_that_raised() -> None:
-    executor = _executor(_raise_at_once, _die_soon)
+def test_a_dead_peer_is_reported_before_the_rank_that_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Rank 1 dies just after the executor has read rank 0's error, as a killed rank's
+    # peer reports the reset first: ordered by an event, not by sleeps (a sleeping
+    # process on a loaded 2-core machine woke later than the executor's grace).
+    released = mp.get_context("fork").Event()
+    executor = _executor(_raise_at_once, functools.partial(_die_once_released, released))
+    why_raised = executor._why_raised
+
+    def read_then_release(*args: Any) -> str:
+        released.set()
+        return why_raised(*args)
+
+    monkeypatch.setattr(executor, "_why_raised", read_then_release)
     try:
         with pytest.raises(WorkerError) as info:
             executor._gather("execute")

@@ -105,7 +105,7 @@ class _Tensor:
 
 
 def _read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[_Tensor]]:
-    """Metadata and tensors (read-only memory-mapped bytes, one row per matrix row)
+    """Metadata and tensors (memory-mapped bytes, copy-on-write, one row per matrix row)
     of a GGUF file, read with minivllm's header parser: ``gguf.GGUFReader`` parses
     every metadata array, ~10 s for a 49k-token vocabulary on a busy 2-core CPU."""
     from gguf import GGML_QUANT_SIZES

@@ -64,8 +64,9 @@ def time_batch(
     slots = table[:, -1].long() * block + (context - 1) % block
     positions = lens.long() - 1
     hidden = torch.randn(b, hidden_size) * 0.1
-    step = DecodeStep(lens, [table], [slots])
     parts = [layer_parts(layer) for layer in layers]
+    groups = 1 + max(p.attn.kv_group for p in parts)  # Gemma 3: one group a window kind
+    step = DecodeStep(lens, [table] * groups, [slots] * groups)
 
     def fused() -> None:
         fused_decoder_stack(positions, hidden, parts, step)

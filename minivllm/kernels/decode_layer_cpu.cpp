@@ -465,8 +465,8 @@ struct Scratch {
 
 // Token r's inputs of `lin` (at x) into the shared quantized activations, grouped
 // as its GEMM reads them.
-void quantize_for(const Linear& lin, const float* x, int64_t r, QuantizedRows& act) {
-  const int64_t isa = q8_path(minivllm_cpu::active_isa(), lin.grouped());
+void quantize_for(const Linear& lin, const float* x, int64_t r, int64_t B, QuantizedRows& act) {
+  const int64_t isa = q8_path(minivllm_cpu::active_isa(), lin.grouped(), B);
   const int64_t group = lin.kind == kQ4Kind ? kQ4Group : q8_act_group(lin.in, isa);
   quantize_row(x, r, lin.in, group, isa, act);
 }
@@ -551,7 +551,7 @@ void layer_on_team(const Team& team, const LayerPlan& p, Scratch& t, float* res,
     if (add_out)
       for (int64_t i = 0; i < H; ++i) rr[i] += out[r * H + i];
     rms_norm(rr, p.n_in, p.off, p.eps, H, t.x.data() + r * H);
-    quantize_for(p.qkv, t.x.data() + r * H, r, t.act);
+    quantize_for(p.qkv, t.x.data() + r * H, r, B, t.act);
   }
   team.sync();
   team_linear(team, p.qkv, t.act, B, t.qkv.data(), p.lora, 0, t.x.data());
@@ -561,7 +561,7 @@ void layer_on_team(const Team& team, const LayerPlan& p, Scratch& t, float* res,
     else attend_pair<float>(p, t, i / p.s.num_kv, i % p.s.num_kv, sc);
   }
   team.sync();
-  for (int64_t r = r0; r < r1; ++r) quantize_for(p.o, t.attn.data() + r * p.qs, r, t.act);
+  for (int64_t r = r0; r < r1; ++r) quantize_for(p.o, t.attn.data() + r * p.qs, r, B, t.act);
   team.sync();
   team_linear(team, p.o, t.act, B, t.o.data(), p.lora, 1, t.attn.data());
 
@@ -572,7 +572,7 @@ void layer_on_team(const Team& team, const LayerPlan& p, Scratch& t, float* res,
     if (p.sandwich) rms_norm(a, p.n_post_attn, p.off, p.eps, H, a);
     for (int64_t i = 0; i < H; ++i) rr[i] += a[i];
     rms_norm(rr, p.n_mlp, p.off, p.eps, H, t.x.data() + r * H);
-    quantize_for(p.gu, t.x.data() + r * H, r, t.act);
+    quantize_for(p.gu, t.x.data() + r * H, r, B, t.act);
   }
   team.sync();
   team_linear(team, p.gu, t.act, B, t.gu.data(), p.lora, 2, t.x.data());
@@ -580,7 +580,7 @@ void layer_on_team(const Team& team, const LayerPlan& p, Scratch& t, float* res,
     const float* row = t.gu.data() + r * p.gu.out;
     float* h = t.h.data() + r * p.inter;
     act_mul(row, row + p.inter, p.inter, p.gelu, h);
-    quantize_for(p.down, h, r, t.act);
+    quantize_for(p.down, h, r, B, t.act);
   }
   team.sync();
   team_linear(team, p.down, t.act, B, out, p.lora, 3, t.h.data());

@@ -121,12 +121,21 @@ def _int16_codes(x: torch.Tensor, group: int) -> torch.Tensor:
     return (torch.round(g * inv) * scale).view_as(x)
 
 
-def _q8_act_group(k: int, isa: int) -> int:
-    """Inputs per activation scale of the q8 kernels: 64, or on the AVX-512 VNNI path
-    (AMX CPUs included) 256 / 128 where they divide the inputs."""
-    if isa < 2:
-        return 64
+def _q8_act_group(k: int) -> int:
+    """Inputs per activation scale of the q8 kernels' two int8 terms on AMX: 256 / 128
+    where they divide the inputs, else 64."""
     return 256 if k % 256 == 0 else 128 if k % 128 == 0 else 64
+
+
+def _q8_seen(isa: int, k: int, rows: int):
+    """``x`` as the q8 kernel of ``isa`` sees ``rows`` tokens of ``k`` inputs: AMX
+    (from 3 tokens) two int8 terms per 256 / 128 / 64 inputs, the portable kernel two
+    int8 terms per 64, AVX2 and AVX-512 one int16 code per input, scaled per 64."""
+    if isa == AMX and rows >= 3:
+        return lambda x: _quantized(x, _q8_act_group(k))
+    if isa == 0:
+        return lambda x: _quantized(x, 64)
+    return lambda x: _int16_codes(x, 64)
 
 
 @pytest.mark.parametrize("k", [192, 384, 512])
@@ -136,19 +145,17 @@ def test_q8_gemm_matches_quantized_reference(isa: int, k: int) -> None:
     w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
     scale = torch.rand(n, generator=gen) * 0.01
     dense = w.float() * scale[:, None]
-    # AVX2 (no vpdpbusd) reads int16 codes; the others two int8 terms.
-    seen = _int16_codes if isa == 1 else _quantized
-    group = _q8_act_group(k, isa)
-    # token tiles of 8, 4, 2 and 1 (AVX2) and their remainders
+    # token tiles of 8, 4, 2 and 1 and their remainders
     for rows in (1, 2, 5, 9, 15, 32):
+        seen = _q8_seen(isa, k, rows)
         x = torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 3, k)
         x[:, 7] *= 40  # one large input sets its group's scale
         got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
-        torch.testing.assert_close(got, seen(x, group) @ dense.T, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got, seen(x) @ dense.T, rtol=1e-5, atol=1e-4)
         assert ((got - x @ dense.T).norm() / (x @ dense.T).norm()) < 1e-3
         # bfloat16 row scales (the model's form) are read as their float values.
         got16 = torch.ops.minivllm_cpu.q8_gemm(x, w, scale.bfloat16())
-        want16 = seen(x, group) @ (w.float() * scale.bfloat16().float()[:, None]).T
+        want16 = seen(x) @ (w.float() * scale.bfloat16().float()[:, None]).T
         torch.testing.assert_close(got16, want16, rtol=1e-5, atol=1e-4)
         # A token's outputs do not depend on the tokens beside it (batch invariance):
         # on AMX (from 3 rows) only with amx=False, the row-independent path's call.
@@ -172,13 +179,13 @@ def test_q8_gemm_on_amx_reads_whole_tiles_and_leaves_the_rest() -> None:
         scale = torch.rand(n, generator=gen) * 0.01
         x = torch.randn(rows, k, generator=gen)
         got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
-        want = _quantized(x, _q8_act_group(k, 2)) @ (w.float() * scale[:, None]).T
+        want = _quantized(x, _q8_act_group(k)) @ (w.float() * scale[:, None]).T
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
 def test_q8_gemm_reads_q8_0_scales_per_32_inputs(isa: int) -> None:
-    # Q8_0 as stored: the file's codes with a float16 scale per 32 inputs, which
-    # the AVX-512 path hands to the AVX2 kernel (one int16 code per input).
+    # Q8_0 as stored: the file's codes with a float16 scale per 32 inputs, on one
+    # int16 code per input (AVX2, AVX-512) or two int8 terms (portable).
     n, k = 36, 256
     gen = torch.Generator().manual_seed(1)
     w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)

@@ -51,6 +51,28 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   return out;
 }
 
+// Coarse logits (`q8_gemm_coarse_raw`): one int8 term a token, per-row scales,
+// AVX-512 VNNI only (the op's caller checks `lowbit_isa` first).
+at::Tensor q8_gemm_coarse(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale) {
+  const at::Tensor xf = float_rows(x);
+  const int64_t M = xf.size(0), K = xf.size(1);
+  TORCH_CHECK(minivllm_cpu::active_isa() == kAvx512, "q8_gemm_coarse: needs AVX-512 VNNI");
+  TORCH_CHECK(K % kQ8Group == 0, "q8_gemm_coarse: inputs must be a multiple of 64");
+  TORCH_CHECK(qweight.scalar_type() == at::kChar && qweight.is_contiguous() && qweight.dim() == 2 &&
+                  qweight.size(1) == K,
+              "q8_gemm_coarse: weight must be int8 [outputs, inputs]");
+  const int64_t N = qweight.size(0);
+  const at::Tensor rs = scale.to(at::kFloat).contiguous();
+  TORCH_CHECK(rs.numel() == N, "q8_gemm_coarse: one scale per output row");
+  at::Tensor out = at::empty({M, N}, xf.options());
+  thread_local QuantizedRows a;
+#if defined(__x86_64__)
+  q8_gemm_coarse_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<int8_t>(), rs.data_ptr<float>(),
+                     N, out.data_ptr<float>(), a);
+#endif
+  return out;
+}
+
 // Tile t's rows as dense values, one scalar at a time (any CPU; any dtype via float).
 void dequantize_tile_portable(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, int64_t K,
                               int64_t t, float* o) {
@@ -240,6 +262,7 @@ bool minivllm_cpu::isa_lowered() { return g_isa < kBestIsa; }
 TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("q4_gemm(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
   m.def("q8_gemm(Tensor x, Tensor qweight, Tensor row_scale, bool amx=True) -> Tensor");
+  m.def("q8_gemm_coarse(Tensor x, Tensor qweight, Tensor row_scale) -> Tensor");
   m.def("q4_dequantize(Tensor qweight, Tensor scales, int inputs, ScalarType dtype) -> Tensor");
   m.def("int8_mm_scale(Tensor acc, Tensor hi, Tensor lo, Tensor scale) -> Tensor");
   m.def("lowbit_isa(int force) -> int", lowbit_isa);
@@ -249,6 +272,7 @@ TORCH_LIBRARY(minivllm_cpu, m) {
 TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {
   m.impl("q4_gemm", q4_gemm);
   m.impl("q8_gemm", q8_gemm);
+  m.impl("q8_gemm_coarse", q8_gemm_coarse);
   m.impl("q4_dequantize", q4_dequantize);
   m.impl("int8_mm_scale", int8_mm_scale);
 }

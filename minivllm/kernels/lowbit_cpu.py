@@ -181,6 +181,10 @@ def _register_fakes() -> None:
 
     torch.library.register_fake("minivllm_cpu::q4_gemm", q4_fake)
     torch.library.register_fake("minivllm_cpu::q8_gemm", q8_fake)
+    torch.library.register_fake(
+        "minivllm_cpu::q8_gemm_coarse",
+        lambda x, qweight, row_scale: x.new_empty(x.shape[0], qweight.shape[0]),
+    )
     torch.library.register_fake("minivllm_cpu::int8_mm_scale", scale_fake)
     torch.library.register_fake("minivllm_cpu::decode_attention", attention_fake)
     torch.library.register_fake("minivllm_cpu::decoder_layer", layer_fake)

@@ -278,6 +278,22 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, int64_t 
   for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, m, K, group, isa, r);
 }
 
+// One int8 term a token (row m of `r`, no remainder row): for `q8_gemm_coarse`.
+void quantize_rows_coarse(const float* x, int64_t M, int64_t K, int64_t group, int64_t isa,
+                          QuantizedRows& r) {
+  reserve_rows(r, M, K);
+  const int64_t groups = K / group;
+  for (int64_t m = 0; m < M; ++m) {
+    float fix = 0.f;
+    for (int64_t g = 0; g < groups; ++g) {
+      const GroupStats a = quantize_group(x + m * K + g * group, group, r.q.data() + m * K + g * group, isa);
+      r.scale[m * groups + g] = a.scale;
+      fix += 128.f * a.scale * a.qsum;
+    }
+    r.fix[m] = fix;
+  }
+}
+
 // The kernels below walk the 2 M rows of `QuantizedRows` and write token
 // m = row / 2 of the [M, N] output: an even row stores its result, the odd row
 // after it adds its own, so each output is (x's term) + (the rest's term).
@@ -587,7 +603,8 @@ inline __m128 sum_lanes4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
 
 // NR weight rows x NT term rows, activation groups of 64 CH inputs: each group's
 // CH products per lane summed in int32, then scaled into float accumulators.
-template <int NT, int NR, int CH>
+// kPairs false: NT tokens of one term each (`quantize_rows_coarse`), not term pairs.
+template <int NT, int NR, int CH, bool kPairs = true>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void q8_block_avx512(const int8_t* __restrict w, const int8_t* __restrict xq,
                      const float* __restrict xscale, const float* __restrict bias_fix,
@@ -628,6 +645,19 @@ void q8_block_avx512(const int8_t* __restrict w, const int8_t* __restrict xq,
   // of their time in eight separate reductions per block: 262144 x 640 at one token
   // 10.2 -> 9.5 ms, 49152 x 576 1.82 -> 1.63 ms, 49152 x 2048 4.71 -> 4.65 ms (2-core
   // Zen 4; both forms built side by side, medians of 12 alternating rounds).
+  if constexpr (!kPairs) {
+    for (int t = 0; t < NT; ++t) {
+      if constexpr (NR == 4) {
+        const __m128 sums = sum_lanes4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+        _mm_storeu_ps(out + t * N, _mm_mul_ps(_mm_sub_ps(sums, _mm_set1_ps(bias_fix[t])),
+                                              _mm_loadu_ps(row_scale)));
+      } else {
+        for (int r = 0; r < NR; ++r)
+          out[t * N + r] = (_mm512_reduce_add_ps(acc[r][t]) - bias_fix[t]) * row_scale[r];
+      }
+    }
+    return;
+  }
   for (int t = 0; t < NT; t += 2) {
     const float fix = bias_fix[t] + bias_fix[t + 1];
     __m512 both[NR];
@@ -643,33 +673,39 @@ void q8_block_avx512(const int8_t* __restrict w, const int8_t* __restrict xq,
   }
 }
 
-template <int NR, int CH>
+// `p.M` term rows: token pairs, or (kPairs false) tokens of one term each.
+template <int NR, int CH, bool kPairs>
 void q8_rows_avx512_nr(const Q8Args& p, int64_t n) {
-  const int64_t groups = p.K / (64 * CH);
+  const int64_t groups = p.K / (64 * CH), per_token = kPairs ? 2 : 1;
   for (int64_t m = 0; m < p.M; m += kTokTile) {
     const int64_t nt = std::min<int64_t>(kTokTile, p.M - m);
     const int8_t* w = p.w + n * p.K;
     const int8_t* xq = p.a->q.data() + m * p.K;
     const float* xs = p.a->scale.data() + m * groups;
     const float* fix = p.bias_fix + m;
-    float* out = p.out + (m / 2) * p.N + n;
+    float* out = p.out + (m / per_token) * p.N + n;
     const float* rs = p.row_scale + n;
-    if (nt == 2) q8_block_avx512<2, NR, CH>(w, xq, xs, fix, rs, out, p.K, p.N);
-    else q8_block_avx512<4, NR, CH>(w, xq, xs, fix, rs, out, p.K, p.N);  // rows come in pairs
+    if (nt == 4) q8_block_avx512<4, NR, CH, kPairs>(w, xq, xs, fix, rs, out, p.K, p.N);
+    else if (nt == 2) q8_block_avx512<2, NR, CH, kPairs>(w, xq, xs, fix, rs, out, p.K, p.N);
+    else if constexpr (!kPairs) {  // pairs come two rows at a time
+      if (nt == 3) q8_block_avx512<3, NR, CH, false>(w, xq, xs, fix, rs, out, p.K, p.N);
+      else q8_block_avx512<1, NR, CH, false>(w, xq, xs, fix, rs, out, p.K, p.N);
+    }
   }
 }
 
-template <int CH>
+template <int CH, bool kPairs>
 void q8_rows_avx512_ch(const Q8Args& p, int64_t r0, int64_t r1) {
   int64_t n = r0;
-  for (; n + kQ8Rows <= r1; n += kQ8Rows) q8_rows_avx512_nr<kQ8Rows, CH>(p, n);
-  for (; n < r1; ++n) q8_rows_avx512_nr<1, CH>(p, n);
+  for (; n + kQ8Rows <= r1; n += kQ8Rows) q8_rows_avx512_nr<kQ8Rows, CH, kPairs>(p, n);
+  for (; n < r1; ++n) q8_rows_avx512_nr<1, CH, kPairs>(p, n);
 }
 
+template <bool kPairs = true>
 void q8_rows_avx512(const Q8Args& p, int64_t r0, int64_t r1) {
-  if (p.group == 256) return q8_rows_avx512_ch<4>(p, r0, r1);
-  if (p.group == 128) return q8_rows_avx512_ch<2>(p, r0, r1);
-  q8_rows_avx512_ch<1>(p, r0, r1);
+  if (p.group == 256) return q8_rows_avx512_ch<4, kPairs>(p, r0, r1);
+  if (p.group == 128) return q8_rows_avx512_ch<2, kPairs>(p, r0, r1);
+  q8_rows_avx512_ch<1, kPairs>(p, r0, r1);
 }
 
 __attribute__((target("avx2,fma,f16c")))
@@ -761,89 +797,76 @@ void q8_rows16_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
   }
 }
 
-// AVX-512 on int16 activation codes (`quantize_row16_avx2`'s): each group's 64 int8
-// weights are widened to int16 in two registers once per NR-row x NT-token block,
-// and `vpdpwssd` adds a token's products pairwise into int32 lanes (4 products a
-// lane a group, each under 2^22), converted and scaled once per group.  At one
-// token the two-int8-term kernel above was bound by its per-term float work and
-// horizontal sums: Gemma 3's 262144 x 640 head 10.1 -> 5.6 ms, 49152 x 2048
-// 4.7 -> 4.0 ms (2-core Zen 4, weights out of cache, medians of alternating
-// rounds).  A token's sums run in the same order whatever NT and NR are, so its
-// result does not depend on the batch.
-template <int NT, int NR, bool kGrouped>
+// AVX-512 on int16 activation codes (`quantize_row16_avx2`'s): one weight row
+// against NT tokens, each group's 64 int8 weights widened to int16 in two
+// registers once for the NT tokens, and `vpdpwssd` adds a token's products pairwise
+// into int32 lanes (4 products a lane a group, each under 2^22), converted and
+// scaled once per group.  At one token the two-int8-term kernel above was bound by
+// its per-term float work and horizontal sums (2-core Zen 4, weights out of cache,
+// medians of alternating rounds): Gemma 3's 262144 x 640 head 10.1 -> ~7 ms, a
+// 49152 x 2048 head 4.7 -> ~3.9 ms; 32 tokens of the first 75 -> 55 ms.  Four rows
+// at a time (one shuffle tree for their sums) measured 15-30% slower at one token.
+// A token's sums run in the same order whatever NT is, so its result does not
+// depend on the batch.
+template <int NT, bool kGrouped>
 __attribute__((target("avx512f,avx512bw,avx512vnni,f16c")))
-void q8_block16_avx512(const int8_t* __restrict w, const c10::Half* __restrict ws,
-                       const int16_t* __restrict x, const float* __restrict xscale,
-                       const float* __restrict row_scale, float* __restrict out, int64_t K,
-                       int64_t N, bool prefetch) {
-  const int64_t groups = K / kQ8Group, wgroups = K / kQ8WGroup;
-  __m512 acc[NR][NT];
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+void q8_row16_avx512(const int8_t* __restrict w, const c10::Half* __restrict ws,
+                     const int16_t* __restrict x, const float* __restrict xscale,
+                     float row_scale, float* __restrict out, int64_t K, int64_t N,
+                     bool prefetch) {
+  const int64_t groups = K / kQ8Group;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t at = g * kQ8Group;
-    __m512i lo[NR], hi[NR];
-    for (int r = 0; r < NR; ++r) {
-      if (prefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(w + (r + kQ8PrefetchRows) * K + at),
-                     _MM_HINT_T0);
-      const int8_t* wr = w + r * K + at;
-      lo[r] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr)));
-      hi[r] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + 32)));
+    if (prefetch)
+      _mm_prefetch(reinterpret_cast<const char*>(w + kQ8PrefetchRows * K + at), _MM_HINT_T0);
+    const __m512i lo =
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + at)));
+    const __m512i hi =
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + at + 32)));
+    __m512 s0, s1;
+    if constexpr (kGrouped) {
+      s0 = _mm512_set1_ps(_cvtsh_ss(ws[2 * g].x));
+      s1 = _mm512_set1_ps(_cvtsh_ss(ws[2 * g + 1].x));
     }
     for (int t = 0; t < NT; ++t) {
       const __m512i x0 = _mm512_loadu_si512(x + t * K + at);
       const __m512i x1 = _mm512_loadu_si512(x + t * K + at + 32);
       const __m512 xs = _mm512_set1_ps(xscale[t * groups + g]);
-      for (int r = 0; r < NR; ++r) {
-        const __m512i zero = _mm512_setzero_si512();
-        if constexpr (kGrouped) {
-          const __m512 s0 = _mm512_set1_ps(_cvtsh_ss(ws[r * wgroups + 2 * g].x));
-          const __m512 s1 = _mm512_set1_ps(_cvtsh_ss(ws[r * wgroups + 2 * g + 1].x));
-          const __m512 d0 = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(zero, lo[r], x0));
-          const __m512 d1 = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(zero, hi[r], x1));
-          const __m512 v = _mm512_fmadd_ps(d1, s1, _mm512_mul_ps(d0, s0));
-          acc[r][t] = _mm512_fmadd_ps(v, xs, acc[r][t]);
-        } else {
-          const __m512i d = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, lo[r], x0), hi[r], x1);
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), xs, acc[r][t]);
-        }
+      const __m512i zero = _mm512_setzero_si512();
+      if constexpr (kGrouped) {
+        const __m512 d0 = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(zero, lo, x0));
+        const __m512 d1 = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(zero, hi, x1));
+        acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(d1, s1, _mm512_mul_ps(d0, s0)), xs, acc[t]);
+      } else {
+        const __m512i d = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, lo, x0), hi, x1);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), xs, acc[t]);
       }
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    if constexpr (NR == 4) {
-      __m128 sums = sum_lanes4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
-      if constexpr (!kGrouped) sums = _mm_mul_ps(sums, _mm_loadu_ps(row_scale));
-      _mm_storeu_ps(out + t * N, sums);
-    } else {
-      for (int r = 0; r < NR; ++r) {
-        const float v = _mm512_reduce_add_ps(acc[r][t]);
-        out[t * N + r] = kGrouped ? v : v * row_scale[r];
-      }
-    }
-  }
+  for (int t = 0; t < NT; ++t) out[t * N] = _mm512_reduce_add_ps(acc[t]) * row_scale;
 }
 
-// Rows n .. n + NR of `p` against NT tokens from token m (int16 codes).
-template <int NR, bool kGrouped>
-void q8_rows16_avx512_nr(const Q8Args& p, int64_t n, int64_t m, int64_t nt) {
+// Row n of `p` against NT (8, 4, 2 or 1) tokens from token m (int16 codes).
+template <bool kGrouped>
+void q8_row16_avx512_tokens(const Q8Args& p, int64_t n, int64_t m, int64_t nt) {
   const int64_t groups = p.K / kQ8Group;
   const int8_t* w = p.w + n * p.K;
   const c10::Half* ws = kGrouped ? p.group_scale + n * (p.K / kQ8WGroup) : nullptr;
   const int16_t* x = p.a->q16.data() + m * p.K;
   const float* xs = p.a->scale.data() + m * groups;
-  const float* rs = kGrouped ? nullptr : p.row_scale + n;
+  const float rs = kGrouped ? 1.f : p.row_scale[n];
   float* out = p.out + m * p.N + n;
   const bool pf = m == 0;
-  if (nt == 8) q8_block16_avx512<8, NR, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
-  else if (nt == 4) q8_block16_avx512<4, NR, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
-  else if (nt == 2) q8_block16_avx512<2, NR, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
-  else q8_block16_avx512<1, NR, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  if (nt == 8) q8_row16_avx512<8, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  else if (nt == 4) q8_row16_avx512<4, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  else if (nt == 2) q8_row16_avx512<2, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  else q8_row16_avx512<1, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
 }
 
-// Rows [r0, r1) against every token, in blocks of kQ8Block16 rows (4 at a time) x
-// 4 tokens, so that a block's rows stay in L1 while every token meets them.
+// Rows [r0, r1) against every token, in blocks of kQ8Block16 rows x 8 tokens, so
+// that a block's rows stay in L1 while every token meets them.
 template <bool kGrouped>
 void q8_rows16_avx512_g(const Q8Args& p, int64_t r0, int64_t r1) {
   const int64_t M = p.M / 2;  // p.M counts two term rows a token
@@ -851,7 +874,7 @@ void q8_rows16_avx512_g(const Q8Args& p, int64_t r0, int64_t r1) {
     const int64_t n1 = std::min(r1, n0 + kQ8Block16);
     for (int64_t m = 0; m < M;) {
       const int64_t left = M - m, nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      for (int64_t n = n0; n < n1; ++n) q8_rows16_avx512_nr<1, kGrouped>(p, n, m, nt);
+      for (int64_t n = n0; n < n1; ++n) q8_row16_avx512_tokens<kGrouped>(p, n, m, nt);
       m += nt;
     }
   }
@@ -962,5 +985,20 @@ void q8_gemm_raw(const float* x, int64_t M, int64_t K, const int8_t* w, const fl
             allow_amx);
   });
 }
+
+#if defined(__x86_64__)
+// Coarse logits for many tokens on AVX-512 VNNI: out[M, N] = x @ (W * row_scale).T
+// with one int8 term a token (per 256 / 128 / 64 inputs), half the products of the
+// two-term kernel.  For an LM head whose top logits are recomputed exactly after.
+void q8_gemm_coarse_raw(const float* x, int64_t M, int64_t K, const int8_t* w,
+                        const float* row_scale, int64_t N, float* out, QuantizedRows& a) {
+  const int64_t group = q8_act_group(K, kAvx512);
+  quantize_rows_coarse(x, M, K, group, kAvx512, a);
+  const Q8Args p{w, row_scale, nullptr, &a, out, M, K, N, a.fix.data(), group};
+  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t t0, int64_t t1) {
+    q8_rows_avx512<false>(p, 16 * t0, std::min(N, 16 * t1));
+  });
+}
+#endif
 
 }  // namespace

@@ -167,6 +167,32 @@ def test_q8_gemm_matches_quantized_reference(isa: int, k: int) -> None:
             assert torch.equal(fixed[r : r + 1], alone)
 
 
+@pytest.mark.parametrize("k", [576, 640, 2048])
+def test_q8_gemm_coarse_takes_one_int8_term_per_token(k: int) -> None:
+    """The LM head's coarse kernel (AVX-512 VNNI): x as one int8 term per 256 / 128 /
+    64 inputs, nothing of what that rounding left; a token's outputs the same alone
+    as in any batch."""
+    if lowbit_cpu.isa() < 2:
+        pytest.skip("the coarse kernel is AVX-512 VNNI only")
+    n = 43
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scale = torch.rand(n, generator=gen) * 0.01
+    dense = w.float() * scale[:, None]
+    for rows in (1, 3, 6, 17):
+        x = torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 3, k)
+        x[:, 9] *= 30
+        got = torch.ops.minivllm_cpu.q8_gemm_coarse(x, w, scale)
+        one_term = _one_term(x, _q8_act_group(k))
+        torch.testing.assert_close(got, one_term @ dense.T, rtol=1e-5, atol=1e-4)
+        # coarser than the two-term / int16 forms, yet ~1% of the product
+        err = (got - x @ dense.T).norm() / (x @ dense.T).norm()
+        assert 1e-3 < err < 3e-2
+        for r in range(rows):
+            alone = torch.ops.minivllm_cpu.q8_gemm_coarse(x[r : r + 1], w, scale)
+            assert torch.equal(got[r : r + 1], alone)
+
+
 def test_q8_gemm_on_amx_reads_whole_tiles_and_leaves_the_rest() -> None:
     """The AMX q8 kernel computes whole 16-row weight tiles; the rows after the last
     whole tile (and every row of a weight under 16 rows) run on the VNNI kernel, so

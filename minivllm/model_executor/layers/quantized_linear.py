@@ -41,7 +41,8 @@ The LM head (`lowbit_logits`, then `refine_top_logits`): the kernels' bfloat16
 outputs rank close logits wrongly, so each row's top logits are recomputed in
 float32 from the file's raw blocks; the rest stay approximate.  With that, an
 int8 head from `INT_MM_MIN_TOKENS` rows quantizes its activations too and runs
-int8 x int8 (``torch._int_mm``; with AMX, minivllm's tile kernel).  Measured teacher-forced on the default model
+int8 x int8 (minivllm's one-term kernel or ``torch._int_mm``; with AMX, its tile
+kernel).  Measured teacher-forced on the default model
 (``benchmarks/gguf_accuracy.py``): top-1 agreement with the float32 model 93.8%
 before, 98.6% with these; the rest of the loss is the body's bfloat16
 activations, outputs and scales (~1.5%).
@@ -415,13 +416,22 @@ def q4_kernel_linear(
     return _as_output(out, x, bias)
 
 
-INT_MM_MIN_TOKENS = 33
-"""From this many rows an int8 LM head runs on `torch._int_mm` (int8 x int8) on CPUs
-with VNNI but no AMX.  Below it minivllm's kernel on int16 activation codes is
-ahead: 2-core Zen 4, 8 / 16 / 32 rows, ms against ``torch._int_mm``'s (quantization
-included): Gemma 3's 262144 x 640 head 12.7 / 25.5 / 54.8 against 22.0 / 34.7 / 72.5,
-a 49152 x 2048 head 11.9 / 16.0 / 29.1 against 15.4 / 17.9 / 28.1; at 64 rows
-``torch._int_mm`` wins (40.5 against 58.7 ms)."""
+INT_MM_MIN_TOKENS = 16
+"""From this many rows an int8 LM head computes its approximate logits int8 x int8
+(one int8 term a token) on CPUs with VNNI but no AMX (`coarse_head_kernel`, else
+``torch._int_mm``); below it the weight-only kernel runs."""
+
+
+def coarse_head_kernel() -> bool:
+    """Whether ``minivllm_cpu::q8_gemm_coarse`` serves the int8 head's batches here:
+    minivllm's kernels on their AVX-512 VNNI path (not lowered by a test), no AMX.
+    One int8 term a token per 256 inputs (`torch._int_mm`'s form takes two): ~1%
+    error on the approximate logits, half the products.  2-core Zen 4, ms at
+    16 / 32 / 64 rows, against the int16-code kernel and ``torch._int_mm`` on two
+    terms: Gemma 3's 262144 x 640 head 27 / 59 / 120 against 44 / 95 / 167 and
+    36 / 84 / 151; a 49152 x 2048 head 9 / 16 / 28 against 18 / 38 / 66 and
+    20 / 29 / 46."""
+    return native_kernels() and lowbit_cpu.isa() == 2 and not lowbit_cpu.amx()
 
 
 def lowbit_logits_impl(
@@ -431,13 +441,15 @@ def lowbit_logits_impl(
     makes each row's top ones exact).
 
     An int8 head at `INT_MM_MIN_TOKENS` rows or more, on a CPU with VNNI but no AMX
-    (`cpu_has_fast_int8_matmul`, `q8_on_amx`), quantizes the activations too, as two
-    int8 terms per row, and runs ``torch._int_mm`` (oneDNN's VNNI int8): several times
-    faster than the weight-only int8 kernel at 32 rows.  With AMX minivllm's int8
-    kernel runs it on tiles instead (about 2x ``torch._int_mm``).  The refinement
-    recomputes the top logits whichever kernel ran (set by how many rows the
-    batch has); the others differ between the two paths by their rounding.
-    Fewer rows, and int4 heads, use `lowbit_linear`.
+    (`cpu_has_fast_int8_matmul`, `q8_on_amx`), quantizes the activations too and
+    multiplies int8 x int8: one term a token on minivllm's kernel
+    (`coarse_head_kernel`), else two on ``torch._int_mm`` (oneDNN's VNNI int8).
+    Only the logits outside each row's refined top ones keep the coarser rounding.
+    With AMX minivllm's int8 kernel runs it on tiles instead (about 2x
+    ``torch._int_mm``).  The refinement recomputes the top logits whichever kernel
+    ran (set by how many rows the batch has); the others differ between the paths by
+    their rounding.  Fewer rows, int4 heads and ``VLLM_BATCH_INVARIANT=1`` use
+    `lowbit_linear`.
     """
     flat = x.reshape(-1, x.shape[-1])
     if (
@@ -449,7 +461,10 @@ def lowbit_logits_impl(
         or envs.batch_invariant()
     ):
         return lowbit_linear_impl(x, qweight, scales, None, kind).float()
-    out = int8_act_mm(flat, qweight, scales)
+    if coarse_head_kernel() and flat.shape[1] % 64 == 0:
+        out = torch.ops.minivllm_cpu.q8_gemm_coarse(flat, qweight, scales)
+    else:
+        out = int8_act_mm(flat, qweight, scales)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 

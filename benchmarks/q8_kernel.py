@@ -4,12 +4,14 @@ layer shapes at 1, 8 and 32 rows, with its error against the float product.
     python benchmarks/q8_kernel.py
 
 Shapes: Gemma 3's 262144 x 640 head, the default model's 49152 x 576 head, a
-2048 x 1536 layer.  The kernel's code path is the best this CPU has (AVX-512 VNNI:
-two int8 activation terms; AVX2: one int16 code per input); ``--isa 1`` forces
-AVX2 and ``--isa 0`` the portable C++ for comparison.  Each shape runs with one
-scale per row and with Q8_0's float16 scales per 32 inputs (``group``: the file's
-form, as the kernels read it on CPUs without VNNI/AMX), the two in turns.  Best of
-a few calls, 2 threads unless ``--threads``.
+2048 x 1536 layer.  The kernel's code path is the best this CPU has (AMX from 3
+rows: two int8 activation terms; AVX-512 and AVX2: one int16 code per input);
+``--isa 1`` forces AVX2 and ``--isa 0`` the portable C++ for comparison.  Each shape
+runs with one scale per row and with Q8_0's float16 scales per 32 inputs
+(``group``: the file's form, as the kernels read it on CPUs without VNNI/AMX), the
+two in turns; on the AVX-512 path also ``coarse``: the LM head's batches on
+``q8_gemm_coarse`` (one int8 term a token, row scales).  Best of a few calls, 2
+threads unless ``--threads``.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ import torch
 from minivllm.kernels import lowbit_cpu
 
 
-def best_of(args: tuple[torch.Tensor, ...], n: int) -> float:
-    """Best of ``n`` timed ``q8_gemm(*args)`` calls, after one untimed call."""
-    torch.ops.minivllm_cpu.q8_gemm(*args)
+def best_of(args: tuple[torch.Tensor, ...], n: int, op=None) -> float:
+    """Best of ``n`` timed ``op(*args)`` calls (``q8_gemm`` by default), after one
+    untimed call."""
+    op = op or torch.ops.minivllm_cpu.q8_gemm
+    op(*args)
     times = []
     for _ in range(n):
         t = time.perf_counter()
-        torch.ops.minivllm_cpu.q8_gemm(*args)
+        op(*args)
         times.append(time.perf_counter() - t)
     return min(times)
 
@@ -61,6 +65,16 @@ def main() -> None:
                 t = best_of((x, w, scale), 3 if n > 10**5 else 10)
                 print(
                     f"{n} x {k}, {rows:2d} rows, {name:5} scales: {t * 1e3:8.2f} ms"
+                    f"   relative error {err:.1e}"
+                )
+            if args.isa in (-1, 2) and lowbit_cpu.isa() == 2:
+                coarse = torch.ops.minivllm_cpu.q8_gemm_coarse
+                got = coarse(x, w, row)
+                ref = x @ dense["row"].T
+                err = ((got - ref).norm() / ref.norm()).item()
+                t = best_of((x, w, row), 3 if n > 10**5 else 10, coarse)
+                print(
+                    f"{n} x {k}, {rows:2d} rows, coarse:       {t * 1e3:8.2f} ms"
                     f"   relative error {err:.1e}"
                 )
 

@@ -208,9 +208,10 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_tiles_amx(
 // int32 sums C[weight row][term row] of 64 inputs; each activation group's sums
 // (its 256, 128 or 64 inputs: `q8_act_group`) are converted and scaled once by the
 // term rows' scales, a vector along C's row.  The row scale and the token's two
-// terms are applied last.  The sums are exact, but the float steps differ from the
-// VNNI kernel's, so a row's last bits depend on which kernel its batch size picks:
-// the row-independent path (`VLLM_BATCH_INVARIANT=1`) keeps the VNNI kernel.
+// terms are applied last.  The sums are exact, but the float steps (and, below 3
+// tokens, the activation codes: int16 there) differ from the vector kernels', so a
+// row's last bits depend on which kernel its batch size picks: the row-independent
+// path (`VLLM_BATCH_INVARIANT=1`) keeps the int16-code kernel at every size.
 
 constexpr int64_t kQ8AmxChunk = 64;  // inputs per `tdpbssd`
 

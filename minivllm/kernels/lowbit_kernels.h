@@ -7,7 +7,9 @@
 // weights in (close to) their file size and compute on integers:
 //
 // * activations are quantized per group (32 or 64 values) to int8, with one
-//   float scale per group, as llama.cpp does for its dot products;
+//   float scale per group, as llama.cpp does for its dot products, plus a second
+//   int8 term for what that rounding left (q4; q8 on AMX and the portable path),
+//   or (q8 on AVX2 and AVX-512) to one int16 code per input;
 // * int4 weights ("q4", from Q4_0 / Q4_1 / Q4_K) are unsigned codes 0..15 with a
 //   float16 scale and min per 32 inputs, tiled 16 output rows at a time so one
 //   512-bit register holds 16 rows x 4 inputs and `vpdpbusd` (u8 x s8 -> s32)

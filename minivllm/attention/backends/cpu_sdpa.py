@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import envs
-from minivllm.attention.backends.row_attention import row_attention
+from minivllm.attention.backends.row_attention import native_row_attention, row_attention
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.ops import gather_kv, gather_kv_batched, store_kv, valid_slots
 from minivllm.math_utils import cdiv, round_up
@@ -273,8 +273,11 @@ class CpuSdpaBackend:
             output.copy_(out[0].transpose(0, 1))
             return
         if envs.batch_invariant():
-            with one_thread(True):
-                row_attention(layer, query, attn_metadata, output)
+            # Every pair on one thread whatever the thread count: the kernel may
+            # use all of them; the SDPA rows run on one.
+            if not native_row_attention(layer, query, attn_metadata, output):
+                with one_thread(True):
+                    row_attention(layer, query, attn_metadata, output)
             return
         plan = self.plan(layer, attn_metadata)
         small = plan.key_work * query.shape[1] * query.shape[2] <= SMALL_ATTENTION_WORK

@@ -1,11 +1,13 @@
 """The ``--matrix`` mode of vs_llamacpp.py: many GGUF files, one table, each run's load.
 
-Each file is measured by a ``measure()`` callable (vs_llamacpp's comparison),
-after the 1-minute load average has had up to ``settle_s`` seconds to fall
-below half the thread count: the previous file's run keeps the load high for a
-minute after it ends.  A run that starts above that line is marked not quiet
-and made once more; the run that started on the lower load is kept.  Nothing
-here needs llama.cpp, so the tests exercise it directly.
+Each file is measured by a ``measure()`` callable (vs_llamacpp's comparison) once
+the machine is quiet: `busy_cores`, the cores other processes kept busy over two
+seconds, at most a quarter of the thread count, waiting up to ``settle_s`` seconds
+for that.  (The 1-minute load average, used before, lags: after one file's 2-core
+run it read ~2 and took ~45 s of an idle machine to fall under 1, so with a short
+settle every file was run twice.)  A run that starts above that line is marked not
+quiet and made once more; the run that started on the lower load is kept.
+Nothing here needs llama.cpp, so the tests exercise it directly.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ MEASURE_ERRORS = (RuntimeError, OSError, ValueError, KeyError, subprocess.Timeou
 
 @dataclasses.dataclass
 class MatrixRun:
-    """One file's comparison, the load it started on, and whether it was repeated."""
+    """One file's comparison, the busy cores it started on (`busy_cores`), and whether
+    it was repeated."""
 
     model: str
     qtype: str
@@ -41,21 +44,47 @@ class MatrixRun:
     error: str | None = None
 
 
+def _cpu_times(stat: Path) -> tuple[int, int, int]:
+    """(all jiffies, idle + iowait jiffies, CPUs) from /proc/stat."""
+    lines = stat.read_text().splitlines()
+    fields = [int(v) for v in lines[0].split()[1:9]]  # user .. steal
+    cpus = sum(1 for line in lines[1:] if line.startswith("cpu"))
+    return sum(fields), fields[3] + fields[4], cpus
+
+
+def busy_cores(
+    sample_s: float = 2.0,
+    stat: Path = Path("/proc/stat"),
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Cores busy over the next ``sample_s`` seconds while this process sleeps: other
+    processes' work (and time the hypervisor gave away, ``steal``), from the kernel's
+    CPU counters; the 1-minute load average where /proc/stat cannot be read."""
+    try:
+        total0, idle0, cpus = _cpu_times(stat)
+        sleep(sample_s)
+        total1, idle1, _ = _cpu_times(stat)
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0]
+    total = total1 - total0
+    return 0.0 if total <= 0 else cpus * (1.0 - (idle1 - idle0) / total)
+
+
 def wait_for_quiet(
     threshold: float,
     max_wait_s: float,
-    loadavg: Callable[[], tuple[float, float, float]] = os.getloadavg,
+    probe: Callable[[], float] = busy_cores,
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = 5.0,
 ) -> float:
-    """Wait until the 1-minute load is at most ``threshold`` or ``max_wait_s`` passed;
-    the load then."""
+    """Wait until ``probe()`` (busy cores) is at most ``threshold`` or ``max_wait_s``
+    passed; the reading then."""
     waited = 0.0
-    load = loadavg()[0]
+    load = probe()
     while load > threshold and waited < max_wait_s:
         sleep(poll_s)
         waited += poll_s
-        load = loadavg()[0]
+        load = probe()
     return load
 
 
@@ -66,14 +95,18 @@ def measure_quietly(
     settle_s: float,
     **wait_kwargs,
 ) -> MatrixRun:
-    """Fill ``run`` from ``measure()``; a run that started on a load above
-    ``threads / 2`` is made once more and the one with the lower load kept
-    (a failed repeat keeps the first)."""
-    threshold = 0.5 * threads
+    """Fill ``run`` from ``measure()``; a run that started with more than
+    ``threads / 4`` cores busy is made once more and the one with the lower reading
+    kept (a failed repeat keeps the first)."""
+    threshold = 0.25 * threads
     attempts: list[tuple[float, dict[str, Row]]] = []
     while len(attempts) < 2:
         load = wait_for_quiet(threshold, settle_s, **wait_kwargs)
-        print(f"== {run.model} {run.qtype}: 1-min load {load:.2f}", flush=True)
+        print(
+            f"== {run.model} {run.qtype}: {load:.2f} cores busy "
+            f"(1-min load {os.getloadavg()[0]:.2f})",
+            flush=True,
+        )
         try:
             attempts.append((load, measure()))
         except MEASURE_ERRORS:
@@ -133,7 +166,7 @@ def format_matrix(runs: list[MatrixRun], seqs: int = 32, serve: bool = True) -> 
     tok/s cells are ``llama.cpp / minivllm``.  Failures are listed under it."""
     head = ["model", "type", "file MB", "b1 e2e tok/s", "b1 e2e ratio", "b1 tg128 tok/s"]
     head += ["tg128 ratio", f"{seqs} seqs ratio"] + (["serving ratio"] if serve else [])
-    head += ["load avg", "quiet"]
+    head += ["busy cores", "quiet"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for run in runs:
         size = run.path.stat().st_size / 2**20 if run.path.exists() else 0.0

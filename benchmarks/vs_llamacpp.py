@@ -27,7 +27,7 @@ models of real 0.5B-3B shapes (`gguf_zoo.py`: written once, quantized by
 ``llama-quantize`` into Q4_0, Q4_K_M, Q5_K_M and Q8_0, cached) and prints one
 table (`llamacpp_matrix.py`): batch-1 end to end (``llama-bench -pg 128,128``
 against minivllm's 128-in/128-out latency), batch-1 decode only (tg128), 32
-sequences and serving as ratios, with the load average each run started on.
+sequences and serving as ratios, with the cores other work kept busy as each run started.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def serve_throughput(
 # -- table -------------------------------------------------------------------
 def print_table(rows: list[Row], load: float) -> None:
     print()
-    print(f"| test | llama.cpp | minivllm | minivllm / llama.cpp |  (1-min load avg {load:.1f})")
+    print(f"| test | llama.cpp | minivllm | minivllm / llama.cpp |  ({load:.2f} cores busy before)")
     print("| --- | --- | --- | --- |")
     for name, ref, ours in rows:
         ratio = f"{ours / ref:.2f}x" if ref and ours else "n/a"
@@ -339,7 +339,8 @@ def parse_args() -> argparse.Namespace:
     group.add_argument("--shipped", nargs="*", choices=sorted(matrix.SHIPPED),
                        default=list(matrix.SHIPPED), help="shipped models (none: no names)")  # fmt: skip
     group.add_argument("--settle", type=float, default=90.0,
-                       help="seconds to wait for the load to fall before each run")  # fmt: skip
+                       help="seconds to wait for the machine to be quiet (other work "
+                       "under a quarter of the threads) before each run")  # fmt: skip
     return parser.parse_args()
 
 
@@ -351,9 +352,10 @@ def main() -> None:
         run_matrix(args, bin_dir)
         return
     model = args.model or default_gguf()
-    load = os.getloadavg()[0]
-    if load > 0.5 * args.threads:
-        print(f"WARNING: load average {load:.1f} on {args.threads} threads: figures are low")
+    load = matrix.busy_cores()
+    if load > 0.25 * args.threads:
+        print(f"WARNING: {load:.2f} cores busy with other work ({args.threads} threads): "
+              "figures are low")  # fmt: skip
     rows = compare(model, bin_dir, args, before_serve=lambda r: print_table(r, load))
     print_table(list(rows.values()), load)
 

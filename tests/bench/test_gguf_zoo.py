@@ -113,18 +113,34 @@ ROWS: dict[str, matrix.Row] = {
 
 def _loads(*values: float):
     it = iter(values)
-    return lambda: (next(it), 0.0, 0.0)
+    return lambda: next(it)
 
 
 def test_busy_run_is_repeated_and_the_quieter_kept(tmp_path: Path) -> None:
-    """Load 1.5 on 2 threads is not quiet: the run is made again; the second,
-    on load 0.4, is kept and the row is quiet."""
+    """1.5 cores busy on 2 threads is not quiet: the run is made again; the second,
+    on 0.4, is kept and the row is quiet."""
     results = iter([{"tg128": ("tg", 1.0, 1.0)}, ROWS])
     run = matrix.MatrixRun("m", "Q4_0", tmp_path / "m.gguf")
     matrix.measure_quietly(
-        run, lambda: next(results), threads=2, settle_s=0, loadavg=_loads(1.5, 0.4)
+        run, lambda: next(results), threads=2, settle_s=0, probe=_loads(1.5, 0.4)
     )
     assert (run.load, run.quiet, run.repeated, run.rows) == (0.4, True, True, ROWS)
+
+
+def test_busy_cores_reads_the_cpu_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the two readings of /proc/stat 1000 jiffies passed on 2 CPUs, 250 of
+    them idle or waiting: 1.5 cores were busy (steal counts as busy)."""
+    stat = tmp_path / "stat"
+    lines = "cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\nintr 1\n"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\n" + lines)
+
+    def later(_: float) -> None:  # the second reading: +600 user, +150 steal, +250 idle
+        stat.write_text("cpu  700 0 50 1000 100 0 0 150 0 0\n" + lines)
+
+    assert matrix.busy_cores(1.0, stat, sleep=later) == pytest.approx(1.5)
+    # no counters to read: the 1-minute load average stands in
+    monkeypatch.setattr(matrix.os, "getloadavg", lambda: (0.75, 0.5, 0.25))
+    assert matrix.busy_cores(0.0, tmp_path / "absent") == 0.75
 
 
 def test_quiet_run_is_made_once_and_waiting_ends_when_load_falls(tmp_path: Path) -> None:
@@ -135,10 +151,10 @@ def test_quiet_run_is_made_once_and_waiting_ends_when_load_falls(tmp_path: Path)
         lambda: calls.append(1) or ROWS,
         threads=2,
         settle_s=60,
-        loadavg=_loads(1.8, 1.2, 0.9),
+        probe=_loads(1.8, 1.2, 0.4),
         sleep=slept.append,
     )
-    assert (len(calls), len(slept), run.load, run.quiet, run.repeated) == (1, 2, 0.9, True, False)
+    assert (len(calls), len(slept), run.load, run.quiet, run.repeated) == (1, 2, 0.4, True, False)
 
 
 def test_table_marks_busy_and_failed_runs(tmp_path: Path) -> None:

@@ -25,6 +25,14 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   return out;
 }
 
+// A q8 weight for K inputs: row-major int8 [outputs, K], K a multiple of 64.
+void check_q8_weight(const at::Tensor& qweight, int64_t K, const char* op) {
+  TORCH_CHECK(K % kQ8Group == 0, op, ": inputs must be a multiple of 64");
+  TORCH_CHECK(qweight.scalar_type() == at::kChar && qweight.is_contiguous() && qweight.dim() == 2 &&
+                  qweight.size(1) == K,
+              op, ": weight must be int8 [outputs, inputs]");
+}
+
 // out[M, N] = x[M, K] @ (W * scale).T for row-major int8 W [N, K]: `scale` is one
 // value per row (any float dtype, read as float32), or float16 [N, K / 32], one per
 // 32 inputs of each row (Q8_0's scales: the file's values, as stored).
@@ -32,10 +40,7 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
                    bool amx) {
   const at::Tensor xf = float_rows(x);
   const int64_t M = xf.size(0), K = xf.size(1);
-  TORCH_CHECK(K % kQ8Group == 0, "q8_gemm: inputs must be a multiple of 64");
-  TORCH_CHECK(qweight.scalar_type() == at::kChar && qweight.is_contiguous() && qweight.dim() == 2 &&
-                  qweight.size(1) == K,
-              "q8_gemm: weight must be int8 [outputs, inputs]");
+  check_q8_weight(qweight, K, "q8_gemm");
   const int64_t N = qweight.size(0);
   const bool grouped = scale.dim() == 2;
   TORCH_CHECK(!grouped || (scale.scalar_type() == at::kHalf && scale.is_contiguous() &&
@@ -57,10 +62,7 @@ at::Tensor q8_gemm_coarse(const at::Tensor& x, const at::Tensor& qweight, const 
   const at::Tensor xf = float_rows(x);
   const int64_t M = xf.size(0), K = xf.size(1);
   TORCH_CHECK(minivllm_cpu::active_isa() == kAvx512, "q8_gemm_coarse: needs AVX-512 VNNI");
-  TORCH_CHECK(K % kQ8Group == 0, "q8_gemm_coarse: inputs must be a multiple of 64");
-  TORCH_CHECK(qweight.scalar_type() == at::kChar && qweight.is_contiguous() && qweight.dim() == 2 &&
-                  qweight.size(1) == K,
-              "q8_gemm_coarse: weight must be int8 [outputs, inputs]");
+  check_q8_weight(qweight, K, "q8_gemm_coarse");
   const int64_t N = qweight.size(0);
   const at::Tensor rs = scale.to(at::kFloat).contiguous();
   TORCH_CHECK(rs.numel() == N, "q8_gemm_coarse: one scale per output row");

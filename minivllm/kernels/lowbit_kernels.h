@@ -60,7 +60,7 @@ constexpr int64_t kQ8PrefetchRows = 16;
 
 enum Isa : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 // A q8 code path, not an ISA of its own: AVX-512 on int16 activation codes
-// (`q8_rows16_avx512`), what `q8_path` picks where the matrix unit does not run.
+// (`q8_row16_avx512`), what `q8_path` picks where the matrix unit does not run.
 constexpr int64_t kAvx512W16 = 3;
 
 int64_t detect_isa() {
@@ -763,42 +763,6 @@ void q8_row16_avx2(const int8_t* __restrict w, const c10::Half* __restrict ws,
   for (int t = 0; t < NT; ++t) out[t * N] = q8_hsum_avx2(acc[t]) * row_scale;
 }
 
-// Row n of `p` against NT (8, 4, 2 or 1) tokens from token m.
-template <bool kGrouped>
-void q8_row16_tokens(const Q8Args& p, int64_t n, int64_t m, int64_t nt) {
-  const int64_t groups = p.K / kQ8Group;
-  const int8_t* w = p.w + n * p.K;
-  const c10::Half* ws = kGrouped ? p.group_scale + n * (p.K / kQ8WGroup) : nullptr;
-  const int16_t* x = p.a->q16.data() + m * p.K;
-  const float* xs = p.a->scale.data() + m * groups;
-  const float rs = kGrouped ? 1.f : p.row_scale[n];
-  float* out = p.out + m * p.N + n;
-  const bool pf = m == 0;
-  if (nt == 8) q8_row16_avx2<8, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
-  else if (nt == 4) q8_row16_avx2<4, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
-  else if (nt == 2) q8_row16_avx2<2, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
-  else q8_row16_avx2<1, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
-}
-
-// Rows [r0, r1) against every token, in blocks of kQ8Block16 rows x 8 tokens, so
-// that both the rows and the tokens' codes stay in L1 while they meet.
-constexpr int64_t kQ8Block16 = 16;
-
-void q8_rows16_avx2(const Q8Args& p, int64_t r0, int64_t r1) {
-  const int64_t M = p.M / 2;  // p.M counts two term rows a token
-  for (int64_t n0 = r0; n0 < r1; n0 += kQ8Block16) {
-    const int64_t n1 = std::min(r1, n0 + kQ8Block16);
-    for (int64_t m = 0; m < M;) {
-      const int64_t left = M - m, nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      for (int64_t n = n0; n < n1; ++n) {
-        if (p.group_scale) q8_row16_tokens<true>(p, n, m, nt);
-        else q8_row16_tokens<false>(p, n, m, nt);
-      }
-      m += nt;
-    }
-  }
-}
-
 // AVX-512 on int16 activation codes (`quantize_row16_avx2`'s): one weight row
 // against NT tokens, each group's 64 int8 weights widened to int16 in two
 // registers once for the NT tokens, and `vpdpwssd` adds a token's products pairwise
@@ -850,9 +814,20 @@ void q8_row16_avx512(const int8_t* __restrict w, const c10::Half* __restrict ws,
   for (int t = 0; t < NT; ++t) out[t * N] = _mm512_reduce_add_ps(acc[t]) * row_scale;
 }
 
+// The int16-code kernels above as `run<NT, kGrouped>`, for the shared driver below.
+struct Avx2Q8 {
+  template <int NT, bool kGrouped, typename... Args>
+  static void run(Args... args) { q8_row16_avx2<NT, kGrouped>(args...); }
+};
+
+struct Avx512Q8 {
+  template <int NT, bool kGrouped, typename... Args>
+  static void run(Args... args) { q8_row16_avx512<NT, kGrouped>(args...); }
+};
+
 // Row n of `p` against NT (8, 4, 2 or 1) tokens from token m (int16 codes).
-template <bool kGrouped>
-void q8_row16_avx512_tokens(const Q8Args& p, int64_t n, int64_t m, int64_t nt) {
+template <typename Kernel, bool kGrouped>
+void q8_row16_tokens(const Q8Args& p, int64_t n, int64_t m, int64_t nt) {
   const int64_t groups = p.K / kQ8Group;
   const int8_t* w = p.w + n * p.K;
   const c10::Half* ws = kGrouped ? p.group_scale + n * (p.K / kQ8WGroup) : nullptr;
@@ -861,30 +836,30 @@ void q8_row16_avx512_tokens(const Q8Args& p, int64_t n, int64_t m, int64_t nt) {
   const float rs = kGrouped ? 1.f : p.row_scale[n];
   float* out = p.out + m * p.N + n;
   const bool pf = m == 0;
-  if (nt == 8) q8_row16_avx512<8, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
-  else if (nt == 4) q8_row16_avx512<4, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
-  else if (nt == 2) q8_row16_avx512<2, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
-  else q8_row16_avx512<1, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  if (nt == 8) Kernel::template run<8, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  else if (nt == 4) Kernel::template run<4, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  else if (nt == 2) Kernel::template run<2, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
+  else Kernel::template run<1, kGrouped>(w, ws, x, xs, rs, out, p.K, p.N, pf);
 }
 
 // Rows [r0, r1) against every token, in blocks of kQ8Block16 rows x 8 tokens, so
-// that a block's rows stay in L1 while every token meets them.
-template <bool kGrouped>
-void q8_rows16_avx512_g(const Q8Args& p, int64_t r0, int64_t r1) {
+// that both the rows and the tokens' codes stay in L1 while they meet.
+constexpr int64_t kQ8Block16 = 16;
+
+template <typename Kernel>
+void q8_rows16(const Q8Args& p, int64_t r0, int64_t r1) {
   const int64_t M = p.M / 2;  // p.M counts two term rows a token
   for (int64_t n0 = r0; n0 < r1; n0 += kQ8Block16) {
     const int64_t n1 = std::min(r1, n0 + kQ8Block16);
     for (int64_t m = 0; m < M;) {
       const int64_t left = M - m, nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      for (int64_t n = n0; n < n1; ++n) q8_row16_avx512_tokens<kGrouped>(p, n, m, nt);
+      for (int64_t n = n0; n < n1; ++n) {
+        if (p.group_scale) q8_row16_tokens<Kernel, true>(p, n, m, nt);
+        else q8_row16_tokens<Kernel, false>(p, n, m, nt);
+      }
       m += nt;
     }
   }
-}
-
-void q8_rows16_avx512(const Q8Args& p, int64_t r0, int64_t r1) {
-  if (p.group_scale) q8_rows16_avx512_g<true>(p, r0, r1);
-  else q8_rows16_avx512_g<false>(p, r0, r1);
 }
 #endif
 
@@ -942,8 +917,8 @@ void q8_rows(const int8_t* w, const float* row_scale, const c10::Half* group_sca
     if (r0 == r1) return;
     return q8_rows_avx512(p, r0, r1);
   }
-  if (isa == kAvx512W16) return q8_rows16_avx512(p, r0, r1);
-  if (isa == kAvx2) return q8_rows16_avx2(p, r0, r1);
+  if (isa == kAvx512W16) return q8_rows16<Avx512Q8>(p, r0, r1);
+  if (isa == kAvx2) return q8_rows16<Avx2Q8>(p, r0, r1);
 #endif
   q8_rows_portable(p, r0, r1);
 }

@@ -35,6 +35,31 @@ from minivllm.kernels import lowbit_cpu
 _NATIVE_CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+ROW_PLAN = "row_attention"
+"""`AttentionMetadata.backend_plan` key of `_row_requests`' tensors."""
+
+
+def _row_requests(
+    attn_metadata: AttentionMetadata, block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each of the step's query rows as a request of its own: its request's block
+    table (int32), its context length up to and including its token (int32) and its
+    token's slot (int64)."""
+    qsl = attn_metadata.query_start_loc.to(device=device, dtype=torch.long)
+    seq_lens = attn_metadata.seq_lens.to(device=device, dtype=torch.long)
+    num_tokens = int(qsl[-1])
+    query_lens = qsl[1:] - qsl[:-1]
+    req = torch.repeat_interleave(torch.arange(query_lens.numel(), device=device), query_lens)
+    row = torch.arange(num_tokens, device=device)
+    # Row r of request i is the token at position seq_len - query_len + (r - start).
+    lens = seq_lens[req] - query_lens[req] + (row - qsl[req]) + 1
+    tables = attn_metadata.block_tables.index_select(0, req).to(torch.int32)
+    pos = lens - 1
+    slots = tables.gather(1, (pos // block_size)[:, None]).squeeze(1).long() * block_size
+    slots += pos % block_size
+    return tables, lens.to(torch.int32), slots
+
+
 def native_row_attention(
     layer: Any, query: torch.Tensor, attn_metadata: AttentionMetadata, output: torch.Tensor
 ) -> bool:
@@ -44,28 +69,21 @@ def native_row_attention(
     cache = layer.kv_cache
     if cache.dtype not in _NATIVE_CACHE_DTYPES or not lowbit_cpu.available():
         return False
-    device = query.device
-    qsl = attn_metadata.query_start_loc.to(device=device, dtype=torch.long)
-    seq_lens = attn_metadata.seq_lens.to(device=device, dtype=torch.long)
-    num_tokens = int(qsl[-1])
+    plan = attn_metadata.backend_plan.get(ROW_PLAN)
+    if plan is None:  # once per step (and KV group): every layer reads the same
+        plan = attn_metadata.backend_plan[ROW_PLAN] = _row_requests(
+            attn_metadata, cache.shape[2], query.device
+        )
+    tables, lens, slots = plan
+    num_tokens = lens.numel()
     if num_tokens == 0:
         return True
-    query_lens = qsl[1:] - qsl[:-1]
-    req = torch.repeat_interleave(torch.arange(query_lens.numel(), device=device), query_lens)
-    row = torch.arange(num_tokens, device=device)
-    # Row r of request i is the token at position seq_len - query_len + (r - start).
-    lens = seq_lens[req] - query_lens[req] + (row - qsl[req]) + 1
-    tables = attn_metadata.block_tables.index_select(0, req).to(torch.int32)
-    block_size = cache.shape[2]
-    pos = lens - 1
-    slots = tables.gather(1, (pos // block_size)[:, None]).squeeze(1).long() * block_size
-    slots += pos % block_size
     # The kernel writes each row's K/V to its slot before attending: give it the
     # values already there (this step's, written by the KV update), so nothing changes.
     kv = cache.view(2, -1, cache.shape[3] * cache.shape[4])
     out = torch.ops.minivllm_cpu.decode_attention(
         query[:num_tokens].reshape(num_tokens, -1), kv[0].index_select(0, slots),
-        kv[1].index_select(0, slots), cache, tables, lens.to(torch.int32), slots,
+        kv[1].index_select(0, slots), cache, tables, lens, slots,
         layer.scale, getattr(layer, "sliding_window", None) or 0,
     )  # fmt: skip
     output[:num_tokens] = out.view(num_tokens, *output.shape[1:])

@@ -129,17 +129,16 @@ __attribute__((target("avx512f"), always_inline)) inline void scale_sums(
 #define MINIVLLM_GROUP_SCALED(P, g)                                           \
   do {                                                                        \
     _tile_stored(P, c[P], 64);                                                \
-    group_scaled(sm, xscale, xsum, r0, groups, g, c[P], acc, accm);           \
+    group_scaled(ss, sm, xscale, xsum, r0, groups, g, c[P], acc, accm);       \
   } while (0)
 
 // `scale_sums` of group g with the weight tile's scales and mins for it.
 __attribute__((target("avx512f"), always_inline)) inline void group_scaled(
-    const c10::Half* __restrict sm, const float* __restrict xscale, const float* __restrict xsum,
-    int64_t r0, int64_t groups, int64_t g, const int32_t* c, __m512* acc, __m512* accm) {
-  const c10::Half* s = sm + g * 2 * kRowTile;
-  const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-  const __m512 mins =
-      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + kRowTile)));
+    const Q4Scales& ss, const uint8_t* __restrict sm, const float* __restrict xscale,
+    const float* __restrict xsum, int64_t r0, int64_t groups, int64_t g, const int32_t* c,
+    __m512* acc, __m512* accm) {
+  __m512 scale, mins;
+  group_scales_avx512(ss, sm, g, scale, mins);
   scale_sums(c, scale, mins, xscale, xsum, r0, groups, g, acc, accm);
 }
 
@@ -150,7 +149,8 @@ __attribute__((target("avx512f"), always_inline)) inline void group_scaled(
 // the vector units scale group g (with one set each product waited for its
 // store: 32 tokens x a 16384 x 2048 weight 7.8 ms, now 5.6; VNNI 7.1).
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_rows_amx(
-    const uint8_t* __restrict b, const c10::Half* __restrict sm, const int8_t* __restrict xq,
+    const uint8_t* __restrict b, const Q4Scales& ss, const uint8_t* __restrict sm,
+    const int8_t* __restrict xq,
     const float* __restrict xscale, const float* __restrict xsum, int64_t r0, int64_t rows,
     int64_t K, int64_t N, float* __restrict out) {
   const int64_t groups = K / kQ4Group;
@@ -183,7 +183,7 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_rows_amx(
 // and scales are padded to a multiple of 16 rows): token m's output is term row
 // 2 m's sum plus term row 2 m + 1's, as in the VNNI kernel.
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_tiles_amx(
-    const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const QuantizedRows& a, int64_t M,
+    const uint8_t* w, const uint8_t* hb, const Q4Scales& sm, const QuantizedRows& a, int64_t M,
     int64_t K, int64_t N, float* out, int64_t t0, int64_t t1) {
   configure_tiles();
   const int64_t groups = K / kQ4Group, rows = 2 * M;
@@ -192,9 +192,9 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void q4_tiles_amx(
   uint8_t* b = codes.data() + (64 - reinterpret_cast<uintptr_t>(codes.data()) % 64) % 64;
   for (int64_t t = t0; t < t1; ++t) {
     unpack_tile(w + t * (K / 8) * 64, hb == nullptr ? nullptr : hb + t * (K / 8) * 16, groups, b);
-    const c10::Half* st = sm + t * groups * 2 * kRowTile;
+    const uint8_t* st = sm.tile(t);
     for (int64_t r0 = 0; r0 < rows; r0 += 16)
-      q4_rows_amx(b, st, a.q.data(), a.scale.data(), a.sum.data(), r0, rows, K, N,
+      q4_rows_amx(b, sm, st, a.q.data(), a.scale.data(), a.sum.data(), r0, rows, K, N,
                   out + t * kRowTile);
   }
 }

@@ -17,11 +17,11 @@ at::Tensor float_rows(const at::Tensor& x) {
 at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales) {
   const at::Tensor xf = float_rows(x);
   const int64_t M = xf.size(0), K = xf.size(1);
-  const auto [N, hb] = q4_shape(qweight, scales, K, "q4_gemm");
-  at::Tensor out = at::empty({M, N}, xf.options());
+  const Q4Weight q = q4_weight(qweight, scales, K, "q4_gemm");
+  at::Tensor out = at::empty({M, q.N}, xf.options());
   thread_local QuantizedRows a;
-  q4_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<uint8_t>(), hb,
-              scales.data_ptr<c10::Half>(), N, out.data_ptr<float>(), a);
+  q4_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<uint8_t>(), q.hb, q.scales, q.N,
+              out.data_ptr<float>(), a);
   return out;
 }
 
@@ -76,26 +76,25 @@ at::Tensor q8_gemm_coarse(const at::Tensor& x, const at::Tensor& qweight, const 
 }
 
 // Tile t's rows as dense values, one scalar at a time (any CPU; any dtype via float).
-void dequantize_tile_portable(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, int64_t K,
+void dequantize_tile_portable(const uint8_t* w, const uint8_t* hb, const Q4Scales& sm, int64_t K,
                               int64_t t, float* o) {
-  const int64_t groups = K / kQ4Group;
+  float sc[kRowTile], mn[kRowTile];
   for (int64_t c = 0; c < K / 8; ++c) {
     const uint8_t* b = w + (t * (K / 8) + c) * 64;
-    const c10::Half* s = sm + (t * groups + c / 4) * 2 * kRowTile;
+    if (c % 4 == 0) group_scales_scalar(sm, sm.tile(t), c / 4, sc, mn);
     uint64_t m_lo = 0, m_hi = 0;
     if (hb != nullptr) {
       std::memcpy(&m_lo, hb + (t * (K / 8) + c) * 16, 8);
       std::memcpy(&m_hi, hb + (t * (K / 8) + c) * 16 + 8, 8);
     }
     for (int r = 0; r < kRowTile; ++r) {
-      const float scale = s[r], mn = s[kRowTile + r];
       float* row = o + (t * kRowTile + r) * K + c * 8;
       for (int j = 0; j < 4; ++j) {
         const int bit = 4 * r + j;
         const int lo = (b[bit] & 0x0F) | static_cast<int>((m_lo >> bit) & 1) << 4;
         const int hi = (b[bit] >> 4) | static_cast<int>((m_hi >> bit) & 1) << 4;
-        row[j] = lo * scale + mn;
-        row[4 + j] = hi * scale + mn;
+        row[j] = lo * sc[r] + mn[r];
+        row[4 + j] = hi * sc[r] + mn[r];
       }
     }
   }
@@ -117,15 +116,13 @@ __attribute__((target("avx512f"))) inline __m256i to_bf16(__m512 v) {
 // bfloat16 rounded to nearest even as a tensor's `.to` rounds (finite values).
 template <bool kBf16>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantize_tile_avx512(
-    const uint8_t* w, const uint8_t* hb, const c10::Half* sm, int64_t K, int64_t t, void* out) {
+    const uint8_t* w, const uint8_t* hb, const Q4Scales& sm, int64_t K, int64_t t, void* out) {
   const int64_t groups = K / kQ4Group;
   const __m128i low = _mm_set1_epi8(0x0F), sixteen = _mm_set1_epi8(16);
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* b = w + (t * (K / 8) + 4 * g) * 64;
-    const c10::Half* s = sm + (t * groups + g) * 2 * kRowTile;
-    const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-    const __m512 mins =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + kRowTile)));
+    __m512 scales, mins;
+    group_scales_avx512(sm, sm.tile(t), g, scales, mins);
     alignas(64) float sc[kRowTile], mn[kRowTile];
     _mm512_store_ps(sc, scales);
     _mm512_store_ps(mn, mins);
@@ -171,9 +168,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantize_tile_avx512
 // float32 then cast.
 at::Tensor q4_dequantize(const at::Tensor& qweight, const at::Tensor& scales, int64_t K,
                          at::ScalarType dtype) {
-  const auto [N, hb] = q4_shape(qweight, scales, K, "q4_dequantize");
+  const auto [N, hb, sm] = q4_weight(qweight, scales, K, "q4_dequantize");
   const uint8_t* w = qweight.data_ptr<uint8_t>();
-  const c10::Half* sm = scales.data_ptr<c10::Half>();
 #if defined(__x86_64__)
   const bool bf16 = dtype == at::kBFloat16;
   if (minivllm_cpu::active_isa() == kAvx512 && (dtype == at::kFloat || bf16)) {

@@ -78,7 +78,13 @@ SOURCES = tuple(
 )
 HEADERS = tuple(
     Path(__file__).with_name(n)
-    for n in ("lowbit_kernels.h", "amx_kernels.h", "attention_kernels.h", "thread_team.h")
+    for n in (
+        "lowbit_kernels.h",
+        "q4_scales.h",
+        "amx_kernels.h",
+        "attention_kernels.h",
+        "thread_team.h",
+    )
 )
 ROW_TILE = 16
 """Output rows per q4 tile (the kernels' register width in int32 lanes)."""
@@ -160,8 +166,7 @@ def _build(target: Path) -> None:
 
 def _register_fakes() -> None:
     def q4_fake(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        rows = scales.numel() * Q4_GROUP // (2 * x.shape[1])
-        return x.new_empty(x.shape[0], rows, dtype=torch.float32)
+        return x.new_empty(x.shape[0], q4_outputs(x.shape[1], scales), dtype=torch.float32)
 
     def q8_fake(
         x: torch.Tensor, qweight: torch.Tensor, row_scale: torch.Tensor, amx: bool = True
@@ -303,31 +308,106 @@ def amx(force: int = -1) -> bool:
     return bool(torch.ops.minivllm_cpu.lowbit_amx(force))
 
 
+def _tile_codes(q: torch.Tensor, five: bool) -> torch.Tensor:
+    """Codes ``q [N, K]`` in ``q4_gemm``'s tiles, with the fifth bits' plane after
+    them when ``five`` (layout in lowbit_kernels.h)."""
+    n, k = q.shape
+    low = (q & 0x0F).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4)
+    # [tile, input octet, row, 4]: low nibble = first four inputs, high = next four.
+    codes = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()
+    if not five:
+        return codes.view(-1)
+    # [tile, input octet, nibble (low / high), row, 4]: bit 4 row + j of each 64-bit mask.
+    bits = (q >> 4).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4).permute(0, 2, 3, 1, 4)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32)
+    plane = (bits.reshape(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
+    return torch.cat([codes.view(-1), plane])
+
+
+def _per_tile(values: torch.Tensor) -> torch.Tensor:
+    """``[N, G, ...]`` per row as ``[N / 16, G, ..., 16]``: a tile's 16 rows side by side."""
+    n = values.shape[0]
+    tiled = values.view(n // ROW_TILE, ROW_TILE, *values.shape[1:])
+    return tiled.movedim(1, -1).contiguous()
+
+
 def pack_q4(
     q: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tile codes ``q [N, K]`` with ``w = q * scale + mn`` per 32 inputs (``scale``,
     ``mn``: ``[N, K / 32]``) into ``q4_gemm``'s layout: ``(uint8 tiles, float16
-    scales)``.  ``N`` must be a multiple of 16 and ``K`` of 32.  Codes 0..15 give
-    a q4 weight (``N K / 2`` bytes); with any code above 15 (up to 31) the tiles
-    hold the low four bits and the fifth bits' plane follows them (q5: ``N K / 2
-    + N K / 8`` bytes, layout in lowbit_kernels.h)."""
-    n, k = q.shape
+    scales)`` (the pair form, q4_scales.h).  ``N`` must be a multiple of 16 and
+    ``K`` of 32.  Codes 0..15 give a q4 weight (``N K / 2`` bytes); with any code
+    above 15 (up to 31) the tiles hold the low four bits and the fifth bits' plane
+    follows them (q5: ``N K / 2 + N K / 8`` bytes, layout in lowbit_kernels.h)."""
     q = q.to(torch.uint8)
-    five = bool((q > 15).any())
-    low = (q & 0x0F).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4)
-    # [tile, input octet, row, 4]: low nibble = first four inputs, high = next four.
-    codes = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()
-    groups = k // Q4_GROUP
-    sm = torch.stack([scale, mn]).view(2, n // ROW_TILE, ROW_TILE, groups)
-    sm = sm.permute(1, 3, 0, 2).contiguous().to(torch.float16)
-    if not five:
-        return codes.view(-1), sm.view(-1)
-    # [tile, input octet, nibble (low / high), row, 4]: bit 4 row + j of each 64-bit mask.
-    bits = (q >> 4).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4).permute(0, 2, 3, 1, 4)
-    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32)
-    plane = (bits.reshape(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
-    return torch.cat([codes.view(-1), plane]), sm.view(-1)
+    sm = _per_tile(torch.stack([scale, mn], dim=2).to(torch.float16))
+    return _tile_codes(q, bool((q > 15).any())), sm.view(-1)
+
+
+def pack_q4_offset(
+    q: torch.Tensor, d: torch.Tensor, five: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_0 / Q5_0 in ``q4_gemm``'s offset form: ``w = (q - bias) d`` with bias 8
+    (``five`` false) or 16 (true; the plane is kept even if no code needs it).
+    ``d`` is float16 ``[N, K / 32]``, the file's own; the scales come back as
+    ``[N, K / 32]`` (that shape names the form)."""
+    q = q.to(torch.uint8)
+    n, k = q.shape
+    return _tile_codes(q, five), _per_tile(d.to(torch.float16)).view(n, k // Q4_GROUP)
+
+
+def pack_q4_super(
+    q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor, m: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K in ``q4_gemm``'s super-block form: ``w = d sc q - dmin m`` with
+    float16 ``d``, ``dmin`` ``[N, K / 256]`` and 6-bit ``sc``, ``m`` ``[N, K / 32]``
+    (the file's values).  The scales come back as uint8 ``[N, K / 16]``: per tile and
+    256 inputs, the 256 bytes q4_scales.h lays out."""
+    q = q.to(torch.uint8)
+    n, k = q.shape
+    supers = k // 256
+    dd = _per_tile(torch.stack([d, -dmin], dim=2).to(torch.float16))  # [T, S, 2, 16]
+    sc = sc.to(torch.uint8).view(n, supers, 8)
+    m = m.to(torch.uint8).view(n, supers, 8)
+    low = _per_tile((sc & 15) | ((m & 15) << 4))  # [T, S, 8, 16]
+    high = _per_tile((sc >> 4) | ((m >> 4) << 2))  # [T, S, 8, 16], a nibble a row
+    high = high[..., 0::2] | (high[..., 1::2] << 4)  # [T, S, 8, 8]
+    tiles = n // ROW_TILE
+    block = torch.cat(
+        [
+            dd.view(torch.uint8).view(tiles, supers, 64),
+            low.view(tiles, supers, 128),
+            high.view(tiles, supers, 64),
+        ],
+        dim=2,
+    )
+    return _tile_codes(q, bool((q > 15).any())), block.view(n, k // 16)
+
+
+def _scale_bits(scales: torch.Tensor) -> int:
+    return scales.numel() * scales.element_size() * 8
+
+
+def q4_inputs(qweight: torch.Tensor, scales: torch.Tensor) -> int:
+    """The input count K of a q4-tiled weight ``qweight [N, bytes a row]``: its scales
+    hold one bit per weight in the pair form, half a bit in the others (q4_scales.h),
+    and its codes K / 2 or (with a plane) 5 K / 8 bytes a row, which tells the two apart."""
+    rows = qweight.shape[0]
+    per_row = qweight.numel() // rows
+    for k in (2 * _scale_bits(scales) // rows, _scale_bits(scales) // rows):
+        if per_row in (k // 2, k * 5 // 8):
+            return k
+    raise ValueError(f"q4 weight of {tuple(qweight.shape)} does not match its scales")
+
+
+def q4_outputs(inputs: int, scales: torch.Tensor) -> int:
+    """The output count N of a q4-tiled weight of ``inputs`` inputs: float16
+    ``[N, inputs / 32]`` scales are the offset form, uint8 the super form (half a bit
+    a weight), other float16 the pair form (one bit a weight), as the kernels read them."""
+    offset = scales.dim() == 2 and scales.shape[1] * Q4_GROUP == inputs
+    half = offset or scales.dtype == torch.uint8
+    return _scale_bits(scales) * (2 if half else 1) // inputs
 
 
 __all__ = [
@@ -340,5 +420,9 @@ __all__ = [
     "install_block_cache",
     "isa",
     "pack_q4",
+    "pack_q4_offset",
+    "pack_q4_super",
+    "q4_inputs",
+    "q4_outputs",
     "start_building",
 ]

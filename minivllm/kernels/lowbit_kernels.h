@@ -11,7 +11,8 @@
 //   int8 term for what that rounding left (q4; q8 on AMX and the portable path),
 //   or (q8 on AVX2 and AVX-512) to one int16 code per input;
 // * int4 weights ("q4", from Q4_0 / Q4_1 / Q4_K) are unsigned codes 0..15 with a
-//   float16 scale and min per 32 inputs, tiled 16 output rows at a time so one
+//   scale and min per 32 inputs (held as the file holds them: q4_scales.h), tiled
+//   16 output rows at a time so one
 //   512-bit register holds 16 rows x 4 inputs and `vpdpbusd` (u8 x s8 -> s32)
 //   gives each row its own lane: no horizontal sums;
 // * int8 weights ("q8") are plain row-major int8 with one scale per output row
@@ -36,6 +37,8 @@
 #include <cstring>
 #include <utility>
 #include <vector>
+
+#include "q4_scales.h"
 
 namespace minivllm_cpu {
 // The kernels' code path in use (`lowbit_isa` sets it; defined in lowbit_cpu.cpp).
@@ -307,8 +310,8 @@ inline void put_term(float* dst, float v, int64_t row) {
 // ---------------------------------------------------------------------------
 // q4: weight tile layout.  For output rows [16 t, 16 t + 16) and inputs
 // [8 c, 8 c + 8), 64 bytes: byte 4 r + j holds row r's code for input 8 c + j in
-// its low nibble and for input 8 c + 4 + j in its high nibble.  Scales: for each
-// tile and group of 32 inputs, 16 float16 scales then 16 float16 mins.
+// its low nibble and for input 8 c + 4 + j in its high nibble.  Scales: per tile,
+// in one of the forms of q4_scales.h (`Q4Scales`).
 //
 // 5-bit weights ("q5", from Q5_0 / Q5_1 / Q5_K: codes 0..31) are the same tiles
 // of their low four bits plus a plane of the fifth bits, 16 bytes per tile and
@@ -320,7 +323,7 @@ inline void put_term(float* dst, float v, int64_t row) {
 struct Q4Args {
   const uint8_t* w;
   const uint8_t* hb;  // the fifth bits' plane (q5), or nullptr (q4)
-  const c10::Half* sm;
+  Q4Scales sm;
   const QuantizedRows* a;
   float* out;
   int64_t M, K, N;
@@ -330,7 +333,8 @@ void q4_tile_portable(const Q4Args& p, int64_t tile) {
   const int64_t groups = p.K / kQ4Group;
   const uint8_t* w = p.w + tile * (p.K / 8) * 64;
   const uint8_t* hb = p.hb == nullptr ? nullptr : p.hb + tile * (p.K / 8) * 16;
-  const c10::Half* sm = p.sm + tile * groups * 2 * kRowTile;
+  const uint8_t* sm = p.sm.tile(tile);
+  float scale[kRowTile], mins[kRowTile];
   for (int64_t m = 0; m < p.M; ++m) {
     float acc[kRowTile] = {0};
     const int8_t* xq = p.a->q.data() + m * p.K;
@@ -354,9 +358,8 @@ void q4_tile_portable(const Q4Args& p, int64_t tile) {
           }
       }
       const float xs = p.a->scale[m * groups + g], xsum = p.a->sum[m * groups + g];
-      const c10::Half* s = sm + g * 2 * kRowTile;
-      for (int r = 0; r < kRowTile; ++r)
-        acc[r] += static_cast<float>(s[r]) * xs * dot[r] + static_cast<float>(s[kRowTile + r]) * xsum;
+      group_scales_scalar(p.sm, sm, g, scale, mins);
+      for (int r = 0; r < kRowTile; ++r) acc[r] += scale[r] * xs * dot[r] + mins[r] * xsum;
     }
     float* dst = p.out + (m / 2) * p.N + tile * kRowTile;
     for (int r = 0; r < kRowTile; ++r) put_term(dst + r, acc[r], m);
@@ -372,7 +375,7 @@ void q4_tile_portable(const Q4Args& p, int64_t tile) {
 template <int NT, bool kHigh>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void q4_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
-                       const c10::Half* __restrict sm,
+                       const Q4Scales& ss, const uint8_t* __restrict sm,
                        const int8_t* __restrict xq, const float* __restrict xscale,
                        const float* __restrict xsum, float* __restrict out, int64_t K, int64_t N) {
   const int64_t groups = K / kQ4Group;
@@ -398,10 +401,8 @@ void q4_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb
         hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(m[1]), hi[c], sixteen);
       }
     }
-    const c10::Half* s = sm + g * 2 * kRowTile;
-    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-    const __m512 mins =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + kRowTile)));
+    __m512 scale, mins;
+    group_scales_avx512(ss, sm, g, scale, mins);
     for (int t = 0; t < NT; ++t) {
       const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group);
       __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(x[0]));
@@ -440,7 +441,7 @@ inline __m256i fifth_bits_avx2(uint32_t m) {
 template <int NT, bool kHigh>
 __attribute__((target("avx2,fma,f16c")))
 void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
-                     const c10::Half* __restrict sm, const int8_t* __restrict xq,
+                     const Q4Scales& ss, const uint8_t* __restrict sm, const int8_t* __restrict xq,
                      const float* __restrict xscale, const float* __restrict xsum,
                      float* __restrict out, int64_t K, int64_t N) {
   const int64_t groups = K / kQ4Group;
@@ -467,7 +468,8 @@ void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
           code[2 * c + 1] = _mm256_or_si256(code[2 * c + 1], fifth_bits_avx2(m[1]));
         }
       }
-      const c10::Half* s = sm + g * 2 * kRowTile + 8 * h;
+      __m256 scale, mins;
+      group_scales_avx2(ss, sm, g, h, scale, mins);
       for (int t = 0; t < NT; ++t) {
         const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group);
         __m256i d32 = _mm256_setzero_si256();
@@ -483,14 +485,9 @@ void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
         }
         d32 = _mm256_add_epi32(d32, _mm256_madd_epi16(d16, ones));
         const int64_t i = t * groups + g;
-        const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32),
                                  _mm256_mul_ps(scale, _mm256_set1_ps(xscale[i])), acc[t]);
-        if (t % 2 == 0) {
-          const __m256 mins =
-              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + kRowTile)));
-          acc[t] = _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[i]), acc[t]);
-        }
+        if (t % 2 == 0) acc[t] = _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[i]), acc[t]);
       }
     }
     for (int t = 0; t < NT; t += 2)
@@ -505,17 +502,18 @@ void q4_tile_blocks(const Q4Args& p, int64_t tile) {
   const int64_t groups = p.K / kQ4Group;
   const uint8_t* w = p.w + tile * (p.K / 8) * 64;
   const uint8_t* hb = p.hb == nullptr ? nullptr : p.hb + tile * (p.K / 8) * 16;
-  const c10::Half* sm = p.sm + tile * groups * 2 * kRowTile;
+  const uint8_t* sm = p.sm.tile(tile);
+  const Q4Scales& ss = p.sm;
   for (int64_t m = 0; m < p.M; m += kTokTile) {
     const bool two = std::min<int64_t>(kTokTile, p.M - m) == 2;  // rows come in pairs
     const int8_t* xq = p.a->q.data() + m * p.K;
     const float* xs = p.a->scale.data() + m * groups;
     const float* xsum = p.a->sum.data() + m * groups;
     float* out = p.out + (m / 2) * p.N + tile * kRowTile;
-    if (two && hb != nullptr) Kernel::template run<2, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
-    else if (two) Kernel::template run<2, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
-    else if (hb != nullptr) Kernel::template run<4, true>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
-    else Kernel::template run<4, false>(w, hb, sm, xq, xs, xsum, out, p.K, p.N);
+    if (two && hb != nullptr) Kernel::template run<2, true>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
+    else if (two) Kernel::template run<2, false>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
+    else if (hb != nullptr) Kernel::template run<4, true>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
+    else Kernel::template run<4, false>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
   }
 }
 
@@ -884,7 +882,7 @@ inline int64_t q8_path(int64_t isa, bool grouped, int64_t M, bool allow_amx = tr
 // Tiles [t0, t1) (columns [16 t0, 16 t1)) of out[M, N] = x[M, K] @ W.T for a
 // q4-tiled weight (K a multiple of 32, N of 16); `hb` its fifth bits (q5) or
 // nullptr.  From 12 tokens on AMX tiles where the CPU has them (q4 and q5).
-void q4_tiles(const uint8_t* w, const uint8_t* hb, const c10::Half* sm, const QuantizedRows& a,
+void q4_tiles(const uint8_t* w, const uint8_t* hb, const Q4Scales& sm, const QuantizedRows& a,
               int64_t M, int64_t K, int64_t N, float* out, int64_t t0, int64_t t1, int64_t isa) {
 #if defined(__x86_64__)
   if (isa == kAvx512 && use_amx(2 * M)) return q4_tiles_amx(w, hb, sm, a, M, K, N, out, t0, t1);
@@ -923,26 +921,51 @@ void q8_rows(const int8_t* w, const float* row_scale, const c10::Half* group_sca
   q8_rows_portable(p, r0, r1);
 }
 
-// Outputs N of a q4- or q5-tiled weight of K inputs (its scales give N), and its
-// fifth bits' plane (nullptr: q4): a q5 weight's bytes are N K / 2 + N K / 8.
-inline std::pair<int64_t, const uint8_t*> q4_shape(const at::Tensor& qweight, const at::Tensor& scales,
-                                            int64_t K, const char* op) {
+// A q4- or q5-tiled weight of K inputs: its outputs N, its fifth bits' plane
+// (nullptr: q4; a q5 weight's bytes are N K / 2 + N K / 8) and its scales, whose
+// dtype and shape give their form (q4_scales.h): float16 [N, K / 32] offset,
+// other float16 (N K / 16 values) pair, uint8 (N K / 16 bytes, K a multiple of
+// 256) super.  An offset form's bias is 16 with a plane (Q5_0), else 8 (Q4_0).
+struct Q4Weight {
+  int64_t N;
+  const uint8_t* hb;
+  Q4Scales scales;
+};
+
+inline Q4Weight q4_weight(const at::Tensor& qweight, const at::Tensor& scales, int64_t K,
+                          const char* op) {
   TORCH_CHECK(K % kQ4Group == 0, op, ": inputs must be a multiple of 32");
   TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.is_contiguous(), op, ": uint8 tiles");
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous(), op, ": float16 scales");
-  const int64_t N = scales.numel() / (2 * (K / kQ4Group));
-  TORCH_CHECK(N % kRowTile == 0 && scales.numel() == N * (K / kQ4Group) * 2,
+  TORCH_CHECK(scales.is_contiguous(), op, ": contiguous scales");
+  const int64_t groups = K / kQ4Group;
+  Q4Scales s;
+  int64_t N = 0;
+  if (scales.scalar_type() == at::kByte) {
+    TORCH_CHECK(K % kSuperInputs == 0, op, ": super-block scales need inputs a multiple of 256");
+    s.form = kSuperForm;
+    N = scales.numel() / (K / 16);
+  } else {
+    TORCH_CHECK(scales.scalar_type() == at::kHalf, op, ": float16 or uint8 scales");
+    const bool offset = scales.dim() == 2 && scales.size(1) == groups;
+    s.form = offset ? kOffsetForm : kPairForm;
+    N = scales.numel() / (offset ? groups : 2 * groups);
+  }
+  s.tile_bytes = q4_tile_scale_bytes(s.form, groups);
+  TORCH_CHECK(N % kRowTile == 0 && N / kRowTile * s.tile_bytes == scales.nbytes(),
               op, ": scales do not match the inputs");
   const int64_t q4_bytes = N * K / 2;
   TORCH_CHECK(qweight.numel() == q4_bytes || qweight.numel() == q4_bytes + N * K / 8,
               op, ": weight does not match its scales");
   const uint8_t* w = qweight.data_ptr<uint8_t>();
-  return {N, qweight.numel() == q4_bytes ? nullptr : w + q4_bytes};
+  const uint8_t* hb = qweight.numel() == q4_bytes ? nullptr : w + q4_bytes;
+  s.p = static_cast<const uint8_t*>(scales.data_ptr());
+  s.bias = hb == nullptr ? 8.f : 16.f;
+  return {N, hb, s};
 }
 
 // The whole q4 (or q5: `hb` not null) GEMM, on ATen's threads.
 void q4_gemm_raw(const float* x, int64_t M, int64_t K, const uint8_t* w, const uint8_t* hb,
-                 const c10::Half* sm, int64_t N, float* out, QuantizedRows& a) {
+                 const Q4Scales& sm, int64_t N, float* out, QuantizedRows& a) {
   const int64_t isa = minivllm_cpu::active_isa();
   quantize_rows(x, M, K, kQ4Group, isa, a);
   at::parallel_for(0, N / kRowTile, 1, [&](int64_t t0, int64_t t1) {

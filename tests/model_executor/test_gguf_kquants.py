@@ -123,11 +123,16 @@ def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
             assert kind == (ql.Q4 if ql.native_kernels() else ql.INT4), w.qtype.name
             # The file's bits per weight: 4, or 5 (a fifth bits' plane after the tiles).
             assert qweight.numel() == ref.numel() * (5 if five else 4) // 8, w.qtype.name
-            # Q4 keeps float16 scales: exact for the types stored so, rounded for
-            # the K-quants (a super-block scale times a 6-bit one).
-            k_quant = w.qtype in (QT.Q4_K, QT.Q5_K)
-            atol = 1e-3 * ref.abs().max().item() if k_quant else 1e-6
-            torch.testing.assert_close(dense, ref, rtol=0, atol=atol)
+            if kind == ql.Q4:
+                # minivllm's tiles hold the file's own scales in the file's bytes
+                # (Q4_K / Q5_K: super-block d, dmin and 6-bit sc, m), so the weight
+                # is exactly the file's and no larger.
+                assert qweight.nbytes + scales.nbytes == w.data.nbytes, w.qtype.name
+                assert torch.equal(dense, ref), w.qtype.name
+            else:  # torch's int4 form: its scales round the K-quants' products
+                k_quant = w.qtype in (QT.Q4_K, QT.Q5_K)
+                atol = 1e-3 * ref.abs().max().item() if k_quant else 1e-6
+                torch.testing.assert_close(dense, ref, rtol=0, atol=atol)
         elif ql.grouped_int8(scales):  # Q8_0 on minivllm's kernels: the file's values
             assert w.qtype == QT.Q8_0 and torch.equal(dense, ref)
         else:

@@ -54,14 +54,43 @@ def _q4_weight(n: int, k: int, levels: int = 16) -> tuple[torch.Tensor, torch.Te
     return q, scale.half().float(), mins.half().float()  # values the float16 tiles hold
 
 
-@pytest.mark.parametrize("bits", [4, 5])
-def test_q4_gemm_matches_quantized_reference(isa: int, bits: int) -> None:
-    # 5 bits: codes up to 31, the fifth bits in a plane after the tiles (Q5_0/1/K).
-    n, k = 48, 96
+def _packed(form: str, n: int, k: int, bits: int):
+    """A random weight in one of the kernels' three scale forms: ``(codes, scales,
+    per-group float scale, per-group float min)``, the floats exactly what the form
+    holds.  pair: float16 scale and min per 32 (Q4_1, Q5_1); offset: float16 d per 32
+    and min -8 d / -16 d (Q4_0, Q5_0); super: float16 d, dmin per 256 and 6-bit sc, m
+    per 32, scale d sc and min -dmin m (Q4_K, Q5_K)."""
     q, scale, mins = _q4_weight(n, k, 2**bits)
+    if form == "pair":
+        return (*lowbit_cpu.pack_q4(q, scale, mins), scale, mins)
+    gen = torch.Generator().manual_seed(7 * n + k)
+    if form == "offset":
+        d = (torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3).half()
+        codes, scales = lowbit_cpu.pack_q4_offset(q, d, five=bits == 5)
+        return codes, scales, d.float(), d.float() * -(2.0 ** (bits - 1))
+    d = (torch.rand(n, k // 256, generator=gen) * 1e-3 + 1e-4).half()
+    dmin = (torch.rand(n, k // 256, generator=gen) * 3e-3).half()
+    sc = torch.randint(0, 64, (n, k // 32), generator=gen)
+    m = torch.randint(0, 64, (n, k // 32), generator=gen)
+    codes, scales = lowbit_cpu.pack_q4_super(q, d, dmin, sc, m)
+    per_group = d.float().repeat_interleave(8, 1)
+    return codes, scales, per_group * sc, -(dmin.float().repeat_interleave(8, 1) * m)
+
+
+@pytest.mark.parametrize("form", ["pair", "offset", "super"])
+@pytest.mark.parametrize("bits", [4, 5])
+def test_q4_gemm_matches_quantized_reference(isa: int, bits: int, form: str) -> None:
+    # 5 bits: codes up to 31, the fifth bits in a plane after the tiles (Q5_0/1/K).
+    n, k = 48, (512 if form == "super" else 96)
+    codes, scale_min, scale, mins = _packed(form, n, k, bits)
+    q = _q4_weight(n, k, 2**bits)[0]
     dense = (q.float().view(n, -1, 32) * scale[..., None] + mins[..., None]).view(n, k)
-    codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
     assert codes.numel() == n * k * bits // 8  # the file's bits per weight
+    # The file's bytes for the scales too: 4 bits per 32 weights (pair: Q4_1's two
+    # float16), 2 (offset: Q4_0's one), 2 (super: Q4_K's 12 bytes and 2 float16 per 256).
+    assert scale_min.nbytes * 8 == n * k // 32 * (32 if form == "pair" else 16)
+    assert lowbit_cpu.q4_inputs(codes.view(n, -1), scale_min) == k
+    assert lowbit_cpu.q4_outputs(k, scale_min) == n
     torch.testing.assert_close(
         torch.ops.minivllm_cpu.q4_dequantize(codes, scale_min, k, torch.float32),
         dense,
@@ -88,17 +117,17 @@ def test_q4_gemm_matches_quantized_reference(isa: int, bits: int) -> None:
         assert ((got - x @ dense.T).norm() / (x @ dense.T).norm()) < 1e-3
 
 
+@pytest.mark.parametrize("form", ["pair", "offset", "super"])
 @pytest.mark.parametrize("bits", [4, 5])
-def test_q4_gemm_on_amx_gives_the_vnni_kernels_bits(bits: int) -> None:
+def test_q4_gemm_on_amx_gives_the_vnni_kernels_bits(bits: int, form: str) -> None:
     """AMX tiles compute the same integer sums and scale them with the VNNI kernel's
     operations in its order: the same bits for every row, so a request's values do not
     depend on whether its batch had 12 tokens or more (batch invariance); q5 weights
     (a fifth bits' plane) too."""
     if lowbit_cpu.isa() < 2 or not lowbit_cpu.amx():
         pytest.skip("this CPU (or its kernel) offers no AMX")
-    n, k = 64, 576
-    q, scale, mins = _q4_weight(n, k, 2**bits)
-    codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
+    n, k = 64, 512
+    codes, scale_min = _packed(form, n, k, bits)[:2]
     x = torch.randn(41, k) * torch.linspace(0.1, 3, k)
     try:
         for rows in (12, 13, 16, 23, 41):

@@ -152,6 +152,32 @@ def int4_affine(
     )
 
 
+def k_quant_scales(
+    data: torch.Tensor, qtype: QT
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_K or Q5_K weight's own scales, as stored: ``(d, dmin)`` float16
+    ``[rows, cols / 256]`` and the 6-bit ``(sc, m)`` uint8 ``[rows, cols / 32]``, with
+    ``w = d * sc * q - dmin * m`` (`int4_affine` / `int5_affine` give the products)."""
+    if qtype not in (QT.Q4_K, QT.Q5_K):
+        raise ValueError(f"{qtype.name} has no super-block scales")
+    rows = data.shape[0]
+    blocks = data.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    d = blocks[:, 0:2].contiguous().view(torch.float16).reshape(rows, -1)
+    dmin = blocks[:, 2:4].contiguous().view(torch.float16).reshape(rows, -1)
+    sc, m = _q4_k_scale_min(blocks[:, 4:16])
+    return d, dmin, sc.reshape(rows, -1), m.reshape(rows, -1)
+
+
+def zero_point_scales(data: torch.Tensor, qtype: QT) -> torch.Tensor:
+    """A Q4_0 or Q5_0 weight's float16 ``d`` per 32, as stored ``[rows, cols / 32]``
+    (``w = (q - 8) d`` or ``(q - 16) d``)."""
+    if qtype not in (QT.Q4_0, QT.Q5_0):
+        raise ValueError(f"{qtype.name} is not a zero-point type")
+    rows = data.shape[0]
+    blocks = data.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    return blocks[:, 0:2].contiguous().view(torch.float16).reshape(rows, -1)
+
+
 def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
     """Bits 0..31 of each block's little-endian ``uint8 [n, 4]`` word as ``[n, 32]``."""
     shifts = torch.arange(8, dtype=torch.uint8)

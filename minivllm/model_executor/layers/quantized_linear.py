@@ -2,9 +2,10 @@
 
 minivllm's own kernels (`minivllm.kernels.lowbit_cpu`, C++ built on
 first use) run batches of up to `Q4_MAX_TOKENS` rows: int4 weights in the ``Q4``
-form (codes tiled 16 rows at a time, float16 scale and min per 32 inputs: the
-file's bytes, re-laid; Q5_0 / Q5_1 / Q5_K the same tiles plus a plane of fifth
-bits, `q5_supported`) and int8 weights below 16 rows (64 without VNNI), both as
+form (codes tiled 16 rows at a time, with the file's own scales re-laid beside
+them: Q4_K's super-block and 6-bit ones, Q4_0's one float16 per 32, Q4_1's scale
+and min, so the weight is the file's bytes and values, `_pack_tiles`; Q5_0 / Q5_1 /
+Q5_K the same tiles plus a plane of fifth bits, `q5_supported`) and int8 weights below 16 rows (64 without VNNI), both as
 integer dot products (AVX-512 VNNI or AVX2) on activations quantized to two int8
 terms per group.  Measured on the default model (2-core Sapphire Rapids, -O2,
 ``benchmarks/step_profile.py --baseline``): batch-1 decode 2.5x torch's int4 kernel,
@@ -65,7 +66,9 @@ from minivllm.model_executor.layers.gguf_blocks import (
     dequantize_rows,
     int4_affine,
     int5_affine,
+    k_quant_scales,
     scaled_rows,
+    zero_point_scales,
 )
 from minivllm.platforms.cpu import cpu_has_fast_int8_matmul, cpu_has_native_bf16
 from minivllm.torch_ops import eager_or_op, register_op
@@ -168,28 +171,43 @@ def quantize_parts(
             return INT8, *parts[0].q8_0_parts()  # type: ignore[union-attr]
         split = [p.q8_0_parts() for p in parts]  # type: ignore[union-attr]
         return INT8, torch.cat([c for c, _ in split]), torch.cat([s for _, s in split])
-    if gguf and q5_supported(parts):  # type: ignore[arg-type]
-        cols = parts[0].shape[1]
-        affine = [_affine(p, cols) for p in parts]  # type: ignore[arg-type]
-        q = torch.cat([a[0] for a in affine])
-        codes, scale_min = lowbit_cpu.pack_q4(
-            q, torch.cat([a[1] for a in affine]), torch.cat([a[2] for a in affine])
-        )
-        return Q4, codes.view(q.shape[0], -1), scale_min.view(q.shape[0], -1)
+    if gguf and native_kernels() and (q5_supported(parts) or int4_supported(parts)):  # type: ignore[arg-type]
+        return Q4, *_pack_tiles(parts)  # type: ignore[arg-type]
     if gguf and int4_supported(parts):  # type: ignore[arg-type]
         cols = parts[0].shape[1]
         affine = [int4_affine(p.data, p.qtype, cols) for p in parts]  # type: ignore[union-attr]
         q = torch.cat([a[0] for a in affine]).to(torch.int32)
         scale = torch.cat([a[1] for a in affine])
         mins = torch.cat([a[2] for a in affine])
-        if native_kernels():
-            codes, scale_min = lowbit_cpu.pack_q4(q, scale, mins)
-            return Q4, codes.view(q.shape[0], cols // 2), scale_min.view(q.shape[0], -1)
         zero = mins + 8.0 * scale
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
         return INT4, packed, scale_zero.to(dtype)
     return INT8, *_int8_rows(parts, dtype)
+
+
+def _pack_tiles(parts: list[GGUFWeight]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 4- or 5-bit weight in the kernels' tiles, its scales in the form that holds
+    the file's own values in the file's bytes (`lowbit_cpu.pack_q4_super` for Q4_K /
+    Q5_K, `pack_q4_offset` for Q4_0 / Q5_0); other types and mixes take a float16
+    scale and min per 32 (`pack_q4`: Q4_1 and Q5_1's own)."""
+    cols = parts[0].shape[1]
+    types = {p.qtype for p in parts}
+    affine = [_affine(p, cols) for p in parts]
+    q = torch.cat([a[0] for a in affine])
+    rows = q.shape[0]
+    if types <= {QT.Q4_K, QT.Q5_K} and cols % 256 == 0:
+        raw = [k_quant_scales(p.data, p.qtype) for p in parts]
+        d, dmin, sc, m = (torch.cat([r[i] for r in raw]) for i in range(4))
+        codes, scales = lowbit_cpu.pack_q4_super(q, d, dmin, sc, m)
+    elif len(types) == 1 and types <= {QT.Q4_0, QT.Q5_0}:
+        d = torch.cat([zero_point_scales(p.data, p.qtype) for p in parts])
+        codes, scales = lowbit_cpu.pack_q4_offset(q, d, five=QT.Q5_0 in types)
+    else:
+        scale = torch.cat([a[1] for a in affine])
+        codes, scales = lowbit_cpu.pack_q4(q, scale, torch.cat([a[2] for a in affine]))
+        scales = scales.view(rows, -1)
+    return codes.view(rows, -1), scales
 
 
 INT8_CHUNK_ELEMENTS = 1 << 21
@@ -233,7 +251,7 @@ def dequantize_weight(
     if kind == INT8:
         return qweight.to(dtype) * scales.to(dtype)[:, None]
     if kind == Q4:
-        cols = scales.numel() * lowbit_cpu.Q4_GROUP // (2 * qweight.shape[0])
+        cols = lowbit_cpu.q4_inputs(qweight, scales)
         return torch.ops.minivllm_cpu.q4_dequantize(qweight, scales, cols, dtype)
     groups, rows, _ = scales.shape
     cols = groups * GROUP

@@ -78,21 +78,35 @@ at::Tensor q8_gemm_coarse(const at::Tensor& x, const at::Tensor& qweight, const 
 // Tile t's rows as dense values, one scalar at a time (any CPU; any dtype via float).
 void dequantize_tile_portable(const uint8_t* w, const uint8_t* hb, const Q4Scales& sm, int64_t K,
                               int64_t t, float* o) {
-  float sc[kRowTile], mn[kRowTile];
+  const bool six = sm.form == kSixForm;
+  float sc[kRowTile], mn[kRowTile], second[kRowTile];
   for (int64_t c = 0; c < K / 8; ++c) {
     const uint8_t* b = w + (t * (K / 8) + c) * 64;
-    if (c % 4 == 0) group_scales_scalar(sm, sm.tile(t), c / 4, sc, mn);
-    uint64_t m_lo = 0, m_hi = 0;
+    if (c % 4 == 0 && six) six_scales_scalar(sm.tile(t), c / 4, sc, second);
+    else if (c % 4 == 0) group_scales_scalar(sm, sm.tile(t), c / 4, sc, mn);
+    uint64_t m_lo = 0, m_hi = 0, m6_lo = 0, m6_hi = 0;
     if (hb != nullptr) {
       std::memcpy(&m_lo, hb + (t * (K / 8) + c) * 16, 8);
       std::memcpy(&m_hi, hb + (t * (K / 8) + c) * 16 + 8, 8);
+    }
+    if (six) {
+      std::memcpy(&m6_lo, hb + sm.sixth + (t * (K / 8) + c) * 16, 8);
+      std::memcpy(&m6_hi, hb + sm.sixth + (t * (K / 8) + c) * 16 + 8, 8);
     }
     for (int r = 0; r < kRowTile; ++r) {
       float* row = o + (t * kRowTile + r) * K + c * 8;
       for (int j = 0; j < 4; ++j) {
         const int bit = 4 * r + j;
-        const int lo = (b[bit] & 0x0F) | static_cast<int>((m_lo >> bit) & 1) << 4;
-        const int hi = (b[bit] >> 4) | static_cast<int>((m_hi >> bit) & 1) << 4;
+        const int lo = (b[bit] & 0x0F) | static_cast<int>((m_lo >> bit) & 1) << 4 |
+                       static_cast<int>((m6_lo >> bit) & 1) << 5;
+        const int hi = (b[bit] >> 4) | static_cast<int>((m_hi >> bit) & 1) << 4 |
+                       static_cast<int>((m6_hi >> bit) & 1) << 5;
+        if (six) {  // d sc (q - 32), rounded once as gguf rounds it
+          const float s = (c % 4) < 2 ? sc[r] : second[r];
+          row[j] = (lo - 32) * s;
+          row[4 + j] = (hi - 32) * s;
+          continue;
+        }
         row[j] = lo * sc[r] + mn[r];
         row[4 + j] = hi * sc[r] + mn[r];
       }
@@ -119,15 +133,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantize_tile_avx512
     const uint8_t* w, const uint8_t* hb, const Q4Scales& sm, int64_t K, int64_t t, void* out) {
   const int64_t groups = K / kQ4Group;
   const __m128i low = _mm_set1_epi8(0x0F), sixteen = _mm_set1_epi8(16);
+  const bool six = sm.form == kSixForm;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* b = w + (t * (K / 8) + 4 * g) * 64;
-    __m512 scales, mins;
-    group_scales_avx512(sm, sm.tile(t), g, scales, mins);
+    __m512 scales, mins;  // six form: the scales of the group's two halves
+    if (six) six_scales_avx512(sm.tile(t), g, scales, mins);
+    else group_scales_avx512(sm, sm.tile(t), g, scales, mins);
     alignas(64) float sc[kRowTile], mn[kRowTile];
     _mm512_store_ps(sc, scales);
     _mm512_store_ps(mn, mins);
-    uint64_t planes[4][2] = {};
+    uint64_t planes[4][2] = {}, sixth[4][2] = {};
     if (hb != nullptr) std::memcpy(planes, hb + (t * (K / 8) + 4 * g) * 16, sizeof(planes));
+    if (six) std::memcpy(sixth, hb + sm.sixth + (t * (K / 8) + 4 * g) * 16, sizeof(sixth));
     for (int r = 0; r < kRowTile; ++r) {
       int32_t d[4];
       for (int c = 0; c < 4; ++c) std::memcpy(&d[c], b + c * 64 + 4 * r, 4);
@@ -142,12 +159,29 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantize_tile_avx512
         lo = _mm_mask_add_epi8(lo, static_cast<__mmask16>(m_lo), lo, sixteen);
         hi = _mm_mask_add_epi8(hi, static_cast<__mmask16>(m_hi), hi, sixteen);
       }
+      if (six) {  // the sixth bits, the same way: +32
+        uint32_t m_lo = 0, m_hi = 0;
+        for (int c = 0; c < 4; ++c) {
+          m_lo |= static_cast<uint32_t>((sixth[c][0] >> (4 * r)) & 15) << (4 * c);
+          m_hi |= static_cast<uint32_t>((sixth[c][1] >> (4 * r)) & 15) << (4 * c);
+        }
+        const __m128i thirty_two = _mm_set1_epi8(32);
+        lo = _mm_mask_add_epi8(lo, static_cast<__mmask16>(m_lo), lo, thirty_two);
+        hi = _mm_mask_add_epi8(hi, static_cast<__mmask16>(m_hi), hi, thirty_two);
+      }
       // Inputs 8 c .. 8 c + 3 are block c's low nibbles, 8 c + 4 .. 8 c + 7 its high ones.
-      const __m512 sr = _mm512_set1_ps(sc[r]), mr = _mm512_set1_ps(mn[r]);
-      const __m512 v0 = _mm512_add_ps(
-          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi32(lo, hi))), sr), mr);
-      const __m512 v1 = _mm512_add_ps(
-          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi32(lo, hi))), sr), mr);
+      const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi32(lo, hi)));
+      const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi32(lo, hi)));
+      __m512 v0, v1;
+      if (six) {  // d sc (q - 32), each half with its scale, rounded once as gguf rounds it
+        const __m512 off = _mm512_set1_ps(32.f);
+        v0 = _mm512_mul_ps(_mm512_sub_ps(q0, off), _mm512_set1_ps(sc[r]));
+        v1 = _mm512_mul_ps(_mm512_sub_ps(q1, off), _mm512_set1_ps(mn[r]));
+      } else {
+        const __m512 sr = _mm512_set1_ps(sc[r]), mr = _mm512_set1_ps(mn[r]);
+        v0 = _mm512_add_ps(_mm512_mul_ps(q0, sr), mr);
+        v1 = _mm512_add_ps(_mm512_mul_ps(q1, sr), mr);
+      }
       const int64_t at = (t * kRowTile + r) * K + g * kQ4Group;
       if constexpr (kBf16) {
         auto* o = reinterpret_cast<__m256i*>(static_cast<c10::BFloat16*>(out) + at);

@@ -308,20 +308,20 @@ def amx(force: int = -1) -> bool:
     return bool(torch.ops.minivllm_cpu.lowbit_amx(force))
 
 
-def _tile_codes(q: torch.Tensor, five: bool) -> torch.Tensor:
-    """Codes ``q [N, K]`` in ``q4_gemm``'s tiles, with the fifth bits' plane after
-    them when ``five`` (layout in lowbit_kernels.h)."""
+def _tile_codes(q: torch.Tensor, planes: int) -> torch.Tensor:
+    """Codes ``q [N, K]`` in ``q4_gemm``'s tiles, then ``planes`` planes of their
+    bits 4 (fifth) and 5 (sixth) (layout in lowbit_kernels.h)."""
     n, k = q.shape
     low = (q & 0x0F).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4)
     # [tile, input octet, row, 4]: low nibble = first four inputs, high = next four.
     codes = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()
-    if not five:
-        return codes.view(-1)
-    # [tile, input octet, nibble (low / high), row, 4]: bit 4 row + j of each 64-bit mask.
-    bits = (q >> 4).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4).permute(0, 2, 3, 1, 4)
+    out = [codes.view(-1)]
     weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32)
-    plane = (bits.reshape(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
-    return torch.cat([codes.view(-1), plane])
+    for bit in range(4, 4 + planes):
+        # [tile, input octet, nibble (low / high), row, 4]: bit 4 row + j of each 64-bit mask.
+        bits = ((q >> bit) & 1).view(n // ROW_TILE, ROW_TILE, k // 8, 2, 4).permute(0, 2, 3, 1, 4)
+        out.append((bits.reshape(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8))
+    return torch.cat(out)
 
 
 def _per_tile(values: torch.Tensor) -> torch.Tensor:
@@ -342,7 +342,7 @@ def pack_q4(
     follows them (q5: ``N K / 2 + N K / 8`` bytes, layout in lowbit_kernels.h)."""
     q = q.to(torch.uint8)
     sm = _per_tile(torch.stack([scale, mn], dim=2).to(torch.float16))
-    return _tile_codes(q, bool((q > 15).any())), sm.view(-1)
+    return _tile_codes(q, int(bool((q > 15).any()))), sm.view(-1)
 
 
 def pack_q4_offset(
@@ -354,7 +354,7 @@ def pack_q4_offset(
     ``[N, K / 32]`` (that shape names the form)."""
     q = q.to(torch.uint8)
     n, k = q.shape
-    return _tile_codes(q, five), _per_tile(d.to(torch.float16)).view(n, k // Q4_GROUP)
+    return _tile_codes(q, int(five)), _per_tile(d.to(torch.float16)).view(n, k // Q4_GROUP)
 
 
 def pack_q4_super(
@@ -382,7 +382,30 @@ def pack_q4_super(
         ],
         dim=2,
     )
-    return _tile_codes(q, bool((q > 15).any())), block.view(n, k // 16)
+    return _tile_codes(q, int(bool((q > 15).any()))), block.view(n, k // 16)
+
+
+def pack_q6(
+    q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K in ``q4_gemm``'s six form: ``w = d sc (q - 32)`` with codes ``q`` in
+    0..63, float16 ``d`` ``[N, K / 256]`` and int8 ``sc`` ``[N, K / 16]`` (the file's
+    values).  The codes come back as the tiles plus both bit planes (``3 N K / 4``
+    bytes), the scales as int8 ``[N, 18 K / 256]``: per tile and 256 inputs, 16
+    float16 d then 16 x 16 int8 sc (q4_scales.h)."""
+    q = q.to(torch.uint8)
+    n, k = q.shape
+    supers, tiles = k // 256, n // ROW_TILE
+    dd = _per_tile(d.to(torch.float16).view(n, supers, 1))  # [T, S, 1, 16]
+    ss = _per_tile(sc.to(torch.int8).view(n, supers, 16))  # [T, S, 16, 16]
+    block = torch.cat(
+        [
+            dd.view(torch.uint8).view(tiles, supers, 32),
+            ss.view(torch.uint8).view(tiles, supers, 256),
+        ],
+        dim=2,
+    )
+    return _tile_codes(q, 2), block.view(torch.int8).view(n, supers * 18)
 
 
 def _scale_bits(scales: torch.Tensor) -> int:
@@ -394,6 +417,8 @@ def q4_inputs(qweight: torch.Tensor, scales: torch.Tensor) -> int:
     hold one bit per weight in the pair form, half a bit in the others (q4_scales.h),
     and its codes K / 2 or (with a plane) 5 K / 8 bytes a row, which tells the two apart."""
     rows = qweight.shape[0]
+    if scales.dtype == torch.int8:  # six: 18 bytes a row per 256 inputs
+        return scales.numel() // rows // 18 * 256
     per_row = qweight.numel() // rows
     for k in (2 * _scale_bits(scales) // rows, _scale_bits(scales) // rows):
         if per_row in (k // 2, k * 5 // 8):
@@ -405,6 +430,8 @@ def q4_outputs(inputs: int, scales: torch.Tensor) -> int:
     """The output count N of a q4-tiled weight of ``inputs`` inputs: float16
     ``[N, inputs / 32]`` scales are the offset form, uint8 the super form (half a bit
     a weight), other float16 the pair form (one bit a weight), as the kernels read them."""
+    if scales.dtype == torch.int8:  # six: 18 bytes a row per 256 inputs
+        return scales.numel() // (inputs // 256 * 18)
     offset = scales.dim() == 2 and scales.shape[1] * Q4_GROUP == inputs
     half = offset or scales.dtype == torch.uint8
     return _scale_bits(scales) * (2 if half else 1) // inputs
@@ -422,6 +449,7 @@ __all__ = [
     "pack_q4",
     "pack_q4_offset",
     "pack_q4_super",
+    "pack_q6",
     "q4_inputs",
     "q4_outputs",
     "start_building",

@@ -90,6 +90,7 @@ struct QuantizedRows {
   std::vector<float> scale;   // [M, K / group]
   std::vector<float> sum;     // [M, K / group]
   std::vector<int32_t> qsum;  // [M, K / group]: sum of the codes
+  std::vector<float> sum16;   // [M, K / 16]: exact sums of 16 inputs (odd rows 0; q6 mins)
   std::vector<float> fix;     // q8: [M], 128 * sum over groups of scale * code sum
   std::vector<int16_t> q16;   // q8 on AVX2: [M, K] int16 codes, scales [M, K / 64] in `scale`
 };
@@ -206,6 +207,8 @@ void reserve_rows(QuantizedRows& r, int64_t M, int64_t K) {
     r.sum.resize(most);
     r.qsum.resize(most);
   }
+  if (static_cast<int64_t>(r.sum16.size()) < (2 * M + 16) * (K / 16))
+    r.sum16.resize((2 * M + 16) * (K / 16));
   if (static_cast<int64_t>(r.fix.size()) < 2 * M) r.fix.resize(2 * M);
   if (static_cast<int64_t>(r.q16.size()) < M * K) r.q16.resize(M * K);
 }
@@ -272,6 +275,13 @@ void quantize_row(const float* x, int64_t m, int64_t K, int64_t group, int64_t i
     r.qsum[i + groups] = b.qsum;
     fix_hi += 128.f * a.scale * a.qsum;
     fix_lo += 128.f * b.scale * b.qsum;
+    for (int64_t h = 0; h < group / 16; ++h) {
+      float s = 0.f;
+      for (int i = 0; i < 16; ++i) s += src[16 * h + i];
+      const int64_t at = 2 * m * (K / 16) + g * (group / 16) + h;
+      r.sum16[at] = s;
+      r.sum16[at + K / 16] = 0.f;
+    }
   }
   r.fix[2 * m] = fix_hi;
   r.fix[2 * m + 1] = fix_lo;
@@ -334,32 +344,49 @@ void q4_tile_portable(const Q4Args& p, int64_t tile) {
   const uint8_t* w = p.w + tile * (p.K / 8) * 64;
   const uint8_t* hb = p.hb == nullptr ? nullptr : p.hb + tile * (p.K / 8) * 16;
   const uint8_t* sm = p.sm.tile(tile);
-  float scale[kRowTile], mins[kRowTile];
+  const bool six = p.sm.form == kSixForm;
+  float scale[kRowTile], mins[kRowTile], second[kRowTile];
   for (int64_t m = 0; m < p.M; ++m) {
     float acc[kRowTile] = {0};
     const int8_t* xq = p.a->q.data() + m * p.K;
     for (int64_t g = 0; g < groups; ++g) {
-      int32_t dot[kRowTile] = {0};
+      int32_t dot[2][kRowTile] = {};  // the group's inputs 0-15 and 16-31
       for (int64_t c = 0; c < kQ4Group / 8; ++c) {
         const uint8_t* b = w + (g * 4 + c) * 64;
         const int8_t* xs = xq + g * kQ4Group + c * 8;
-        uint64_t m_lo = 0, m_hi = 0;
+        uint64_t m_lo = 0, m_hi = 0, m6_lo = 0, m6_hi = 0;
         if (hb != nullptr) {
           std::memcpy(&m_lo, hb + (g * 4 + c) * 16, 8);
           std::memcpy(&m_hi, hb + (g * 4 + c) * 16 + 8, 8);
+        }
+        if (six) {
+          std::memcpy(&m6_lo, hb + p.sm.sixth + (g * 4 + c) * 16, 8);
+          std::memcpy(&m6_hi, hb + p.sm.sixth + (g * 4 + c) * 16 + 8, 8);
         }
         for (int r = 0; r < kRowTile; ++r)
           for (int j = 0; j < 4; ++j) {
             const uint8_t v = b[4 * r + j];
             const int bit = 4 * r + j;
-            const int lo = (v & 0x0F) | static_cast<int>((m_lo >> bit) & 1) << 4;
-            const int hi = (v >> 4) | static_cast<int>((m_hi >> bit) & 1) << 4;
-            dot[r] += lo * xs[j] + hi * xs[4 + j];
+            const int lo = (v & 0x0F) | static_cast<int>((m_lo >> bit) & 1) << 4 |
+                           static_cast<int>((m6_lo >> bit) & 1) << 5;
+            const int hi = (v >> 4) | static_cast<int>((m_hi >> bit) & 1) << 4 |
+                           static_cast<int>((m6_hi >> bit) & 1) << 5;
+            dot[c / 2][r] += lo * xs[j] + hi * xs[4 + j];
           }
       }
-      const float xs = p.a->scale[m * groups + g], xsum = p.a->sum[m * groups + g];
+      const float xs = p.a->scale[m * groups + g];
+      if (six) {  // each half its own scale; mins -32 d sc times the half's input sum
+        const float* s16 = p.a->sum16.data() + m * (p.K / 16) + 2 * g;
+        six_scales_scalar(sm, g, scale, second);
+        for (int r = 0; r < kRowTile; ++r)
+          acc[r] += scale[r] * xs * dot[0][r] + second[r] * xs * dot[1][r] +
+                    (-32.f * scale[r] * s16[0] + -32.f * second[r] * s16[1]);
+        continue;
+      }
+      const float xsum = p.a->sum[m * groups + g];
       group_scales_scalar(p.sm, sm, g, scale, mins);
-      for (int r = 0; r < kRowTile; ++r) acc[r] += scale[r] * xs * dot[r] + mins[r] * xsum;
+      for (int r = 0; r < kRowTile; ++r)
+        acc[r] += scale[r] * xs * (dot[0][r] + dot[1][r]) + mins[r] * xsum;
     }
     float* dst = p.out + (m / 2) * p.N + tile * kRowTile;
     for (int r = 0; r < kRowTile; ++r) put_term(dst + r, acc[r], m);
@@ -421,6 +448,65 @@ void q4_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb
     _mm512_storeu_ps(out + (t / 2) * N, _mm512_add_ps(_mm512_add_ps(acc[t], accm[t]), acc[t + 1]));
 }
 
+// Six form (Q6_K): codes 0..63 (the tiles' low four bits, +16 and +32 where the
+// two planes' bits are set).  Each group's halves (octets 0-1, inputs 0-15, and
+// octets 2-3) are summed apart and scaled by their own d sc; their mins (-32 d sc)
+// multiply the halves' exact input sums (`sum16`), on even rows only.
+template <int NT>
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void q6_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
+                       const Q4Scales& ss, const uint8_t* __restrict sm,
+                       const int8_t* __restrict xq, const float* __restrict xscale,
+                       const float* __restrict xsum16, float* __restrict out, int64_t K, int64_t N) {
+  const int64_t groups = K / kQ4Group;
+  const __m512i low = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16),
+                thirty_two = _mm512_set1_epi8(32);
+  const __m512 neg32 = _mm512_set1_ps(-32.f);
+  const uint8_t* h6 = hb + ss.sixth;
+  __m512 acc[NT], accm[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = accm[t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int c = 0; c < 4; ++c)
+      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + (g * 4 + c) * 64),
+                   _MM_HINT_T0);
+    __m512i lo[4], hi[4];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(w + (g * 4 + c) * 64);
+      uint64_t m5[2], m6[2];
+      std::memcpy(m5, hb + (g * 4 + c) * 16, 16);
+      std::memcpy(m6, h6 + (g * 4 + c) * 16, 16);
+      lo[c] = _mm512_and_si512(v, low);
+      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(m5[0]), lo[c], sixteen);
+      hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(m5[1]), hi[c], sixteen);
+      lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(m6[0]), lo[c], thirty_two);
+      hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(m6[1]), hi[c], thirty_two);
+    }
+    __m512 first, second;
+    six_scales_avx512(sm, g, first, second);
+    for (int t = 0; t < NT; ++t) {
+      const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group);
+      __m512i da = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(x[0]));
+      __m512i db = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[2], _mm512_set1_epi32(x[4]));
+      da = _mm512_dpbusd_epi32(da, hi[0], _mm512_set1_epi32(x[1]));
+      db = _mm512_dpbusd_epi32(db, hi[2], _mm512_set1_epi32(x[5]));
+      da = _mm512_dpbusd_epi32(da, lo[1], _mm512_set1_epi32(x[2]));
+      db = _mm512_dpbusd_epi32(db, lo[3], _mm512_set1_epi32(x[6]));
+      da = _mm512_dpbusd_epi32(da, hi[1], _mm512_set1_epi32(x[3]));
+      db = _mm512_dpbusd_epi32(db, hi[3], _mm512_set1_epi32(x[7]));
+      const __m512 xs = _mm512_set1_ps(xscale[t * groups + g]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(da), _mm512_mul_ps(first, xs), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(db), _mm512_mul_ps(second, xs), acc[t]);
+      if (t % 2 == 0) {
+        const float* s16 = xsum16 + t * (K / 16) + 2 * g;
+        accm[t] = _mm512_fmadd_ps(_mm512_mul_ps(first, neg32), _mm512_set1_ps(s16[0]), accm[t]);
+        accm[t] = _mm512_fmadd_ps(_mm512_mul_ps(second, neg32), _mm512_set1_ps(s16[1]), accm[t]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; t += 2)
+    _mm512_storeu_ps(out + (t / 2) * N, _mm512_add_ps(_mm512_add_ps(acc[t], accm[t]), acc[t + 1]));
+}
 
 // The 32 bits of `m` as 32 bytes: 16 where bit i is set (byte i), 0 elsewhere.
 __attribute__((target("avx2,fma,f16c")))
@@ -495,6 +581,73 @@ void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
   }
 }
 
+// Six form on AVX2 (as `q6_tile_avx512_nt`), 8 output rows at a time like
+// `q4_tile_avx2_nt`; `vpmaddubsw` products of codes up to 63 are widened every
+// two (2 * 2 * 63 * 127 fits int16).
+template <int NT>
+__attribute__((target("avx2,fma,f16c")))
+void q6_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
+                     const Q4Scales& ss, const uint8_t* __restrict sm, const int8_t* __restrict xq,
+                     const float* __restrict xscale, const float* __restrict xsum16,
+                     float* __restrict out, int64_t K, int64_t N) {
+  const int64_t groups = K / kQ4Group;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256 neg32 = _mm256_set1_ps(-32.f);
+  const uint8_t* h6 = hb + ss.sixth;
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      if (h == 0)
+        for (int c = 0; c < 4; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + (g * 4 + c) * 64),
+                       _MM_HINT_T0);
+      __m256i code[8];  // octet c's low nibbles' codes at 2 c, high nibbles' at 2 c + 1
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (g * 4 + c) * 64 + h * 32));
+        uint32_t m5[2], m6[2];
+        std::memcpy(&m5[0], hb + (g * 4 + c) * 16 + 4 * h, 4);
+        std::memcpy(&m5[1], hb + (g * 4 + c) * 16 + 8 + 4 * h, 4);
+        std::memcpy(&m6[0], h6 + (g * 4 + c) * 16 + 4 * h, 4);
+        std::memcpy(&m6[1], h6 + (g * 4 + c) * 16 + 8 + 4 * h, 4);
+        code[2 * c] = _mm256_or_si256(_mm256_and_si256(v, low), fifth_bits_avx2(m5[0]));
+        code[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+                                          fifth_bits_avx2(m5[1]));
+        // 16 << 1 stays inside its byte: the sixth bits' 32.
+        code[2 * c] = _mm256_or_si256(code[2 * c], _mm256_slli_epi16(fifth_bits_avx2(m6[0]), 1));
+        code[2 * c + 1] =
+            _mm256_or_si256(code[2 * c + 1], _mm256_slli_epi16(fifth_bits_avx2(m6[1]), 1));
+      }
+      __m256 first, second;
+      six_scales_avx2(sm, g, h, first, second);
+      for (int t = 0; t < NT; ++t) {
+        const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group);
+        __m256i half[2];
+        for (int k = 0; k < 2; ++k) {  // inputs 16 k .. 16 k + 15: codes 4 k .. 4 k + 3
+          const int q = 4 * k;
+          __m256i d16 = _mm256_add_epi16(_mm256_maddubs_epi16(code[q], _mm256_set1_epi32(x[q])),
+                                         _mm256_maddubs_epi16(code[q + 1], _mm256_set1_epi32(x[q + 1])));
+          half[k] = _mm256_madd_epi16(d16, ones);
+          d16 = _mm256_add_epi16(_mm256_maddubs_epi16(code[q + 2], _mm256_set1_epi32(x[q + 2])),
+                                 _mm256_maddubs_epi16(code[q + 3], _mm256_set1_epi32(x[q + 3])));
+          half[k] = _mm256_add_epi32(half[k], _mm256_madd_epi16(d16, ones));
+        }
+        const __m256 xs = _mm256_set1_ps(xscale[t * groups + g]);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half[0]), _mm256_mul_ps(first, xs), acc[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half[1]), _mm256_mul_ps(second, xs), acc[t]);
+        if (t % 2 == 0) {
+          const float* s16 = xsum16 + t * (K / 16) + 2 * g;
+          acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(first, neg32), _mm256_set1_ps(s16[0]), acc[t]);
+          acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(second, neg32), _mm256_set1_ps(s16[1]), acc[t]);
+        }
+      }
+    }
+    for (int t = 0; t < NT; t += 2)
+      _mm256_storeu_ps(out + (t / 2) * N + 8 * h, _mm256_add_ps(acc[t], acc[t + 1]));
+  }
+}
+
 // One tile for every token block of `p`, on `Kernel::run<NT, kHigh>` (NT term rows,
 // 2 or 4: whole tokens; kHigh: the weight has a fifth bits' plane).
 template <typename Kernel>
@@ -510,6 +663,12 @@ void q4_tile_blocks(const Q4Args& p, int64_t tile) {
     const float* xs = p.a->scale.data() + m * groups;
     const float* xsum = p.a->sum.data() + m * groups;
     float* out = p.out + (m / 2) * p.N + tile * kRowTile;
+    if (ss.form == kSixForm) {
+      const float* s16 = p.a->sum16.data() + m * (p.K / 16);
+      if (two) Kernel::template run6<2>(w, hb, ss, sm, xq, xs, s16, out, p.K, p.N);
+      else Kernel::template run6<4>(w, hb, ss, sm, xq, xs, s16, out, p.K, p.N);
+      continue;
+    }
     if (two && hb != nullptr) Kernel::template run<2, true>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
     else if (two) Kernel::template run<2, false>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
     else if (hb != nullptr) Kernel::template run<4, true>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
@@ -521,11 +680,15 @@ void q4_tile_blocks(const Q4Args& p, int64_t tile) {
 struct Avx512Q4 {
   template <int NT, bool kHigh, typename... Args>
   static void run(Args... args) { q4_tile_avx512_nt<NT, kHigh>(args...); }
+  template <int NT, typename... Args>
+  static void run6(Args... args) { q6_tile_avx512_nt<NT>(args...); }
 };
 
 struct Avx2Q4 {
   template <int NT, bool kHigh, typename... Args>
   static void run(Args... args) { q4_tile_avx2_nt<NT, kHigh>(args...); }
+  template <int NT, typename... Args>
+  static void run6(Args... args) { q6_tile_avx2_nt<NT>(args...); }
 };
 #endif
 
@@ -885,7 +1048,9 @@ inline int64_t q8_path(int64_t isa, bool grouped, int64_t M, bool allow_amx = tr
 void q4_tiles(const uint8_t* w, const uint8_t* hb, const Q4Scales& sm, const QuantizedRows& a,
               int64_t M, int64_t K, int64_t N, float* out, int64_t t0, int64_t t1, int64_t isa) {
 #if defined(__x86_64__)
-  if (isa == kAvx512 && use_amx(2 * M)) return q4_tiles_amx(w, hb, sm, a, M, K, N, out, t0, t1);
+  // (The six form has two scales a group, which the AMX kernel does not read.)
+  if (isa == kAvx512 && use_amx(2 * M) && sm.form != kSixForm)
+    return q4_tiles_amx(w, hb, sm, a, M, K, N, out, t0, t1);
 #endif
   const Q4Args p{w, hb, sm, &a, out, 2 * M, K, N};
   for (int64_t t = t0; t < t1; ++t) {
@@ -925,7 +1090,9 @@ void q8_rows(const int8_t* w, const float* row_scale, const c10::Half* group_sca
 // (nullptr: q4; a q5 weight's bytes are N K / 2 + N K / 8) and its scales, whose
 // dtype and shape give their form (q4_scales.h): float16 [N, K / 32] offset,
 // other float16 (N K / 16 values) pair, uint8 (N K / 16 bytes, K a multiple of
-// 256) super.  An offset form's bias is 16 with a plane (Q5_0), else 8 (Q4_0).
+// 256) super, int8 (9 N K / 128 bytes, K a multiple of 256) six, whose weight has
+// both planes (N K / 2 + N K / 4 bytes).  An offset form's bias is 16 with a plane
+// (Q5_0), else 8 (Q4_0).
 struct Q4Weight {
   int64_t N;
   const uint8_t* hb;
@@ -940,10 +1107,11 @@ inline Q4Weight q4_weight(const at::Tensor& qweight, const at::Tensor& scales, i
   const int64_t groups = K / kQ4Group;
   Q4Scales s;
   int64_t N = 0;
-  if (scales.scalar_type() == at::kByte) {
+  if (scales.scalar_type() == at::kByte || scales.scalar_type() == at::kChar) {
     TORCH_CHECK(K % kSuperInputs == 0, op, ": super-block scales need inputs a multiple of 256");
-    s.form = kSuperForm;
-    N = scales.numel() / (K / 16);
+    const bool six = scales.scalar_type() == at::kChar;
+    s.form = six ? kSixForm : kSuperForm;
+    N = scales.numel() / (K / kSuperInputs * (six ? kSixBytes : kSuperBytes) / kRowTile);
   } else {
     TORCH_CHECK(scales.scalar_type() == at::kHalf, op, ": float16 or uint8 scales");
     const bool offset = scales.dim() == 2 && scales.size(1) == groups;
@@ -954,8 +1122,13 @@ inline Q4Weight q4_weight(const at::Tensor& qweight, const at::Tensor& scales, i
   TORCH_CHECK(N % kRowTile == 0 && N / kRowTile * s.tile_bytes == scales.nbytes(),
               op, ": scales do not match the inputs");
   const int64_t q4_bytes = N * K / 2;
-  TORCH_CHECK(qweight.numel() == q4_bytes || qweight.numel() == q4_bytes + N * K / 8,
-              op, ": weight does not match its scales");
+  if (s.form == kSixForm) {  // both planes, always
+    TORCH_CHECK(qweight.numel() == q4_bytes + N * K / 4, op, ": weight does not match its scales");
+    s.sixth = N * K / 8;
+  } else {
+    TORCH_CHECK(qweight.numel() == q4_bytes || qweight.numel() == q4_bytes + N * K / 8,
+                op, ": weight does not match its scales");
+  }
   const uint8_t* w = qweight.data_ptr<uint8_t>();
   const uint8_t* hb = qweight.numel() == q4_bytes ? nullptr : w + q4_bytes;
   s.p = static_cast<const uint8_t*>(scales.data_ptr());

@@ -15,8 +15,16 @@
 //   bits 0-1, m >> 4 in bits 2-3).  d sc and dmin m are exact in float32, so the
 //   kernels compute on the file's values (a float16 per-group scale would round them).
 //
-// The pair form was the only one; the other two read 0.5 bits a weight less
-// (Q4_0 and Q4_K files at 4.5 bits, not 5), the file's own size.
+// * six (Q6_K: codes 0..63 in the q4 tiles plus two planes of fifth and sixth
+//   bits; per 256 inputs a float16 d, per 16 an int8 scale sc, w = d sc (q - 32)):
+//   per tile and 256 inputs, 288 bytes: 16 float16 d, then for each of the 16
+//   sub-blocks of 16 inputs 16 int8 sc (a byte a row).  A group of 32 has two
+//   scales, so the kernels keep its two halves' dot products apart; the min of
+//   each half is -32 d sc, times the exact sum of that half's inputs.
+//
+// The pair form was the only one; the others read 0.5 bits a weight less (Q4_0
+// and Q4_K files at 4.5 bits, not 5) and Q6_K 1.4 less than int8 (6.56, not 8):
+// the file's own size.
 
 #pragma once
 
@@ -32,7 +40,8 @@ constexpr int kScaleRows = 16;     // output rows per tile (kRowTile)
 constexpr int kSuperInputs = 256;  // inputs per super-block (super form)
 constexpr int kSuperBytes = 256;   // bytes per tile and super-block (super form)
 
-enum Q4Form : int { kPairForm = 0, kOffsetForm = 1, kSuperForm = 2 };
+enum Q4Form : int { kPairForm = 0, kOffsetForm = 1, kSuperForm = 2, kSixForm = 3 };
+constexpr int kSixBytes = 288;  // bytes per tile and super-block (six form)
 
 // A weight's scales: where they start, their form, and (offset form) the bias.
 struct Q4Scales {
@@ -40,13 +49,25 @@ struct Q4Scales {
   int form = kPairForm;
   float bias = 0.f;
   int64_t tile_bytes = 0;  // bytes per tile of 16 output rows
+  int64_t sixth = 0;       // six form: bytes from the fifth bits' plane to the sixth's
 
   const uint8_t* tile(int64_t t) const { return p + t * tile_bytes; }
 };
 
 // Bytes per tile of each form for `groups` groups of 32 inputs.
 inline int64_t q4_tile_scale_bytes(int form, int64_t groups) {
-  return form == kPairForm ? groups * 64 : groups * 32;
+  return form == kPairForm ? groups * 64 : form == kSixForm ? groups / 8 * kSixBytes : groups * 32;
+}
+
+// Six form: group g's scales d sc of its two halves (inputs 0-15 and 16-31), per row.
+inline void six_scales_scalar(const uint8_t* tile, int64_t g, float* first, float* second) {
+  const uint8_t* b = tile + (g / 8) * kSixBytes;
+  const auto* d = reinterpret_cast<const c10::Half*>(b);
+  const auto* sc = reinterpret_cast<const int8_t*>(b + 32 + 32 * (g % 8));
+  for (int r = 0; r < kScaleRows; ++r) {
+    first[r] = static_cast<float>(d[r]) * sc[r];
+    second[r] = static_cast<float>(d[r]) * sc[kScaleRows + r];
+  }
 }
 
 // Group g's 16 scales and mins, one row at a time (portable code, dequantizing).
@@ -101,6 +122,30 @@ __attribute__((target("avx512f"), always_inline)) inline void group_scales_avx51
   mins = s.form == kPairForm
              ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 32)))
              : _mm512_mul_ps(scale, _mm512_set1_ps(-s.bias));
+}
+
+// Six form, 16 lanes: `six_scales_scalar`.
+__attribute__((target("avx512f"), always_inline)) inline void six_scales_avx512(
+    const uint8_t* tile, int64_t g, __m512& first, __m512& second) {
+  const uint8_t* b = tile + (g / 8) * kSixBytes;
+  const uint8_t* sc = b + 32 + 32 * (g % 8);
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+  first = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)))));
+  second = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16)))));
+}
+
+// Six form, rows [8 half, 8 half + 8): `six_scales_scalar`.
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void six_scales_avx2(
+    const uint8_t* tile, int64_t g, int half, __m256& first, __m256& second) {
+  const uint8_t* b = tile + (g / 8) * kSixBytes;
+  const uint8_t* sc = b + 32 + 32 * (g % 8) + 8 * half;
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * half)));
+  first = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)))));
+  second = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16)))));
 }
 
 // Group g's scales and mins for rows [8 half, 8 half + 8) of a tile, 8 lanes.

@@ -119,14 +119,18 @@ def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
         kind, qweight, scales = ql.quantize_parts([w], torch.float32)
         dense = ql.dequantize_weight(kind, qweight, scales)
         five = w.qtype in (QT.Q5_0, QT.Q5_1, QT.Q5_K) and ql.native_kernels()
-        if w.qtype in (QT.Q4_0, QT.Q4_1, QT.Q4_K) or five:
+        # Q6_K on minivllm's kernels, except where AMX runs the int8 form's batches.
+        six = w.qtype == QT.Q6_K and ql.native_kernels() and not ql.q8_on_amx()
+        if w.qtype in (QT.Q4_0, QT.Q4_1, QT.Q4_K) or five or six:
             assert kind == (ql.Q4 if ql.native_kernels() else ql.INT4), w.qtype.name
-            # The file's bits per weight: 4, or 5 (a fifth bits' plane after the tiles).
-            assert qweight.numel() == ref.numel() * (5 if five else 4) // 8, w.qtype.name
+            # The file's bits per weight: 4, 5 (a fifth bits' plane after the tiles)
+            # or 6 (and a sixth bits' plane).
+            bits = 6 if six else 5 if five else 4
+            assert qweight.numel() == ref.numel() * bits // 8, w.qtype.name
             if kind == ql.Q4:
                 # minivllm's tiles hold the file's own scales in the file's bytes
-                # (Q4_K / Q5_K: super-block d, dmin and 6-bit sc, m), so the weight
-                # is exactly the file's and no larger.
+                # (Q4_K / Q5_K: super-block d, dmin and 6-bit sc, m; Q6_K: d and int8
+                # sc per 16), so the weight is exactly the file's and no larger.
                 assert qweight.nbytes + scales.nbytes == w.data.nbytes, w.qtype.name
                 assert torch.equal(dense, ref), w.qtype.name
             else:  # torch's int4 form: its scales round the K-quants' products

@@ -55,40 +55,52 @@ def _q4_weight(n: int, k: int, levels: int = 16) -> tuple[torch.Tensor, torch.Te
 
 
 def _packed(form: str, n: int, k: int, bits: int):
-    """A random weight in one of the kernels' three scale forms: ``(codes, scales,
-    per-group float scale, per-group float min)``, the floats exactly what the form
-    holds.  pair: float16 scale and min per 32 (Q4_1, Q5_1); offset: float16 d per 32
-    and min -8 d / -16 d (Q4_0, Q5_0); super: float16 d, dmin per 256 and 6-bit sc, m
-    per 32, scale d sc and min -dmin m (Q4_K, Q5_K)."""
+    """A random weight in one of the kernels' scale forms: ``(codes, scales, dense,
+    mins)``, ``dense [n, k]`` exactly the values the form holds and ``mins [n, k]``
+    each weight's min (the value of code 0).  pair: float16 scale and min per 32
+    (Q4_1, Q5_1); offset: float16 d per 32 and min -8 d / -16 d (Q4_0, Q5_0); super:
+    float16 d, dmin per 256 and 6-bit sc, m per 32, scale d sc and min -dmin m (Q4_K,
+    Q5_K); six: 6-bit codes, float16 d per 256 and int8 sc per 16, d sc (q - 32) (Q6_K)."""
     q, scale, mins = _q4_weight(n, k, 2**bits)
-    if form == "pair":
-        return (*lowbit_cpu.pack_q4(q, scale, mins), scale, mins)
     gen = torch.Generator().manual_seed(7 * n + k)
-    if form == "offset":
-        d = (torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3).half()
-        codes, scales = lowbit_cpu.pack_q4_offset(q, d, five=bits == 5)
-        return codes, scales, d.float(), d.float() * -(2.0 ** (bits - 1))
-    d = (torch.rand(n, k // 256, generator=gen) * 1e-3 + 1e-4).half()
-    dmin = (torch.rand(n, k // 256, generator=gen) * 3e-3).half()
-    sc = torch.randint(0, 64, (n, k // 32), generator=gen)
-    m = torch.randint(0, 64, (n, k // 32), generator=gen)
-    codes, scales = lowbit_cpu.pack_q4_super(q, d, dmin, sc, m)
-    per_group = d.float().repeat_interleave(8, 1)
-    return codes, scales, per_group * sc, -(dmin.float().repeat_interleave(8, 1) * m)
-
-
-@pytest.mark.parametrize("form", ["pair", "offset", "super"])
-@pytest.mark.parametrize("bits", [4, 5])
-def test_q4_gemm_matches_quantized_reference(isa: int, bits: int, form: str) -> None:
-    # 5 bits: codes up to 31, the fifth bits in a plane after the tiles (Q5_0/1/K).
-    n, k = 48, (512 if form == "super" else 96)
-    codes, scale_min, scale, mins = _packed(form, n, k, bits)
-    q = _q4_weight(n, k, 2**bits)[0]
+    if form == "six":
+        d = (torch.rand(n, k // 256, generator=gen) * 1e-4 + 1e-5).half()
+        sc = torch.randint(-128, 128, (n, k // 16), generator=gen, dtype=torch.int8)
+        codes, scales = lowbit_cpu.pack_q6(q, d, sc)
+        per16 = (d.float().repeat_interleave(16, 1) * sc).repeat_interleave(16, 1)
+        return codes, scales, (q - 32).float() * per16, -32 * per16
+    if form == "pair":
+        codes, scales = lowbit_cpu.pack_q4(q, scale, mins)
+    elif form == "offset":
+        scale = (torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3).half().float()
+        codes, scales = lowbit_cpu.pack_q4_offset(q, scale.half(), five=bits == 5)
+        mins = scale * -(2.0 ** (bits - 1))
+    else:
+        d = (torch.rand(n, k // 256, generator=gen) * 1e-3 + 1e-4).half()
+        dmin = (torch.rand(n, k // 256, generator=gen) * 3e-3).half()
+        sc = torch.randint(0, 64, (n, k // 32), generator=gen)
+        m = torch.randint(0, 64, (n, k // 32), generator=gen)
+        codes, scales = lowbit_cpu.pack_q4_super(q, d, dmin, sc, m)
+        scale = d.float().repeat_interleave(8, 1) * sc
+        mins = -(dmin.float().repeat_interleave(8, 1) * m)
     dense = (q.float().view(n, -1, 32) * scale[..., None] + mins[..., None]).view(n, k)
+    return codes, scales, dense, mins.repeat_interleave(32, 1)
+
+
+FORMS = [(f, b) for f in ("pair", "offset", "super") for b in (4, 5)] + [("six", 6)]
+
+
+@pytest.mark.parametrize(("form", "bits"), FORMS)
+def test_q4_gemm_matches_quantized_reference(isa: int, bits: int, form: str) -> None:
+    # 5 bits: codes up to 31, the fifth bits in a plane after the tiles (Q5_0/1/K);
+    # 6 bits (Q6_K): a plane of sixth bits after that.
+    n, k = 48, (96 if form in ("pair", "offset") else 512)
+    codes, scale_min, dense, mins = _packed(form, n, k, bits)
     assert codes.numel() == n * k * bits // 8  # the file's bits per weight
-    # The file's bytes for the scales too: 4 bits per 32 weights (pair: Q4_1's two
-    # float16), 2 (offset: Q4_0's one), 2 (super: Q4_K's 12 bytes and 2 float16 per 256).
-    assert scale_min.nbytes * 8 == n * k // 32 * (32 if form == "pair" else 16)
+    # The file's bytes for the scales too, per 256 weights: 16 bytes (pair: Q4_1's
+    # two float16 per 32), 16 (offset: Q4_0's one), 16 (super: Q4_K's 12 bytes and two
+    # float16), 18 (six: Q6_K's 16 int8 and a float16).
+    assert scale_min.nbytes * 256 == n * k * {"pair": 32, "six": 18}.get(form, 16)
     assert lowbit_cpu.q4_inputs(codes.view(n, -1), scale_min) == k
     assert lowbit_cpu.q4_outputs(k, scale_min) == n
     torch.testing.assert_close(
@@ -107,10 +119,8 @@ def test_q4_gemm_matches_quantized_reference(isa: int, bits: int, form: str) -> 
     for rows in (1, 3, 4, 6, 8, 17, 64):
         x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)  # groups of different ranges
         got = torch.ops.minivllm_cpu.q4_gemm(x, codes, scale_min)
-        # The mins multiply the exact group sums; the codes the quantized inputs.
-        xg = x.view(rows, -1, 32)
-        want = _quantized(x, 32) @ (dense - mins.repeat_interleave(32, 1)).T
-        want += xg.sum(-1) @ mins.T
+        # The mins multiply the exact sums of their inputs; the codes the quantized inputs.
+        want = _quantized(x, 32) @ (dense - mins).T + x @ mins.T
         # (5-bit codes make values twice as large, and their float sums' rounding too.)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4 * 2 ** (bits - 4))
         # Two int8 terms: close to the float product (one term alone is ~1e-2 off).

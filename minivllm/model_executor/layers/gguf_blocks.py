@@ -178,6 +178,26 @@ def zero_point_scales(data: torch.Tensor, qtype: QT) -> torch.Tensor:
     return blocks[:, 0:2].contiguous().view(torch.float16).reshape(rows, -1)
 
 
+def q6_k_parts(data: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q6_K weight as stored: codes ``q`` uint8 ``[rows, cols]`` in 0..63, float16
+    ``d`` ``[rows, cols / 256]`` and int8 ``sc`` ``[rows, cols / 16]``, with
+    ``w = d * sc * (q - 32)`` (sc per 16 elements in order)."""
+    rows = data.shape[0]
+    blocks = data.reshape(-1, GGML_QUANT_SIZES[QT.Q6_K][1])
+    # 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, a float16 d.  In
+    # each half of 128 elements, low byte l holds elements l (low nibble) and l + 64
+    # (high), byte l + 32 elements l + 32 and l + 96; high byte l their top two bits
+    # at bits 0, 2, 4 and 6 (elements l, l + 32, l + 64, l + 96).
+    ql = blocks[:, :128].reshape(-1, 2, 2, 32)
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32)
+    low = torch.cat([ql & 0x0F, ql >> 4], dim=2)  # [n, half, quarter, 32]
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+    q = low | (((qh >> shifts) & 3) << 4)
+    sc = blocks[:, 192:208].contiguous().view(torch.int8)
+    d = blocks[:, 208:210].contiguous().view(torch.float16)
+    return q.reshape(rows, cols), d.reshape(rows, -1), sc.reshape(rows, -1)
+
+
 def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
     """Bits 0..31 of each block's little-endian ``uint8 [n, 4]`` word as ``[n, 32]``."""
     shifts = torch.arange(8, dtype=torch.uint8)

@@ -67,6 +67,7 @@ from minivllm.model_executor.layers.gguf_blocks import (
     int4_affine,
     int5_affine,
     k_quant_scales,
+    q6_k_parts,
     scaled_rows,
     zero_point_scales,
 )
@@ -133,6 +134,22 @@ def q5_supported(parts: list[GGUFWeight]) -> bool:
     )
 
 
+def q6_supported(parts: list[GGUFWeight]) -> bool:
+    """Whether minivllm's kernels compute this Q6_K weight on its own 6-bit codes and
+    scales (``Q4`` kind, six form: the file's bytes, 6.56 bits a weight, where the
+    per-row int8 form takes 8).  Not where the CPU has AMX: its int8 tiles run the
+    int8 form's batches several times faster than the vector kernel runs six-form
+    ones."""
+    rows = sum(p.shape[0] for p in parts)
+    return (
+        native_kernels()
+        and not q8_on_amx()
+        and all(p.qtype == QT.Q6_K for p in parts)
+        and rows % lowbit_cpu.ROW_TILE == 0
+        and parts[0].shape[1] % 256 == 0
+    )
+
+
 def q8_0_native(parts: list[GGUFWeight]) -> bool:
     """Whether minivllm's int8 kernel computes this weight on Q8_0's own codes and
     float16 scales per 32 inputs (``INT8`` with group scales): read as stored, and
@@ -173,6 +190,12 @@ def quantize_parts(
         return INT8, torch.cat([c for c, _ in split]), torch.cat([s for _, s in split])
     if gguf and native_kernels() and (q5_supported(parts) or int4_supported(parts)):  # type: ignore[arg-type]
         return Q4, *_pack_tiles(parts)  # type: ignore[arg-type]
+    if gguf and q6_supported(parts):  # type: ignore[arg-type]
+        cols = parts[0].shape[1]
+        split = [q6_k_parts(p.data, cols) for p in parts]  # type: ignore[union-attr]
+        q, d, sc = (torch.cat([s[i] for s in split]) for i in range(3))
+        codes, scales = lowbit_cpu.pack_q6(q, d, sc)
+        return Q4, codes.view(q.shape[0], -1), scales
     if gguf and int4_supported(parts):  # type: ignore[arg-type]
         cols = parts[0].shape[1]
         affine = [int4_affine(p.data, p.qtype, cols) for p in parts]  # type: ignore[union-attr]

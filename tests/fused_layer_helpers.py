@@ -29,6 +29,20 @@ def set_q4(linear: torch.nn.Module, gen: torch.Generator) -> None:
     linear.qweight, linear.qscales = codes.view(n, k // 2), scale_min.view(n, -1)
 
 
+def set_q4_stacked(linear: torch.nn.Module, gen: torch.Generator) -> None:
+    """Give ``linear`` random int4 weights stacked from two scale forms (the first 16
+    rows offset, as Q4_0; the rest pair, as Q4_1): one ``Q4`` weight of two segments."""
+    n, k = linear.output_size, linear.input_size
+    q = torch.randint(0, 16, (n, k), generator=gen)
+    d = (torch.rand(16, k // 32, generator=gen) * 0.02 + 1e-3).half()
+    scale = (torch.rand(n - 16, k // 32, generator=gen) * 0.02 + 1e-3).half().float()
+    mins = (-torch.rand(n - 16, k // 32, generator=gen) * 0.15).half().float()
+    first = lowbit_cpu.pack_q4_offset(q[:16], d, five=False)
+    rest = lowbit_cpu.pack_q4(q[16:], scale, mins)
+    linear.quant_kind, linear.weight = Q4, None
+    linear.qweight, linear.qscales = lowbit_cpu.pack_q4_stack([first, rest], k)
+
+
 def set_q8_0(linear: torch.nn.Module, gen: torch.Generator) -> None:
     """Give ``linear`` random Q8_0 weights as minivllm's kernels hold them: the
     file's int8 codes with a float16 scale per 32 inputs (``INT8``, grouped)."""

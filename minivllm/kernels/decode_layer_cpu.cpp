@@ -65,9 +65,8 @@ int64_t norm_count(int64_t form) {
 struct Linear {
   int64_t kind, in, out;
   const at::Tensor* w;
-  const uint8_t* hb;  // q5: the fifth bits' plane; q4 and int8: nullptr
-  at::Tensor scales;  // q4: the tiles' scales (q4_scales.h); q8: float32 per row or float16 per 32
-  Q4Scales q4;        // q4: `scales` read
+  at::Tensor scales;  // q4: the tiles' scales (q4_weight.h); q8: float32 per row or float16 per 32
+  Q4Weight q4;        // q4: the weight and `scales` read
   at::Tensor bias;    // undefined: none
 
   // q8: the per-row scales, or the group scales (Q8_0's [out, in / 32]); else nullptr.
@@ -79,7 +78,7 @@ struct Linear {
 
   void operator()(const float* x, int64_t M, float* y, QuantizedRows& a) const {
     if (kind == kQ4Kind)
-      q4_gemm_raw(x, M, in, w->data_ptr<uint8_t>(), hb, q4, out, y, a);
+      q4_gemm_raw(x, M, in, q4, y, a);
     else
       q8_gemm_raw(x, M, in, w->data_ptr<int8_t>(), row_scale(), group_scale(), out, y, a);
     if (!bias.defined()) return;
@@ -105,8 +104,9 @@ Linear make_linear(const at::Tensor& w, const at::Tensor& s, int64_t kind, int64
   TORCH_CHECK(w.is_contiguous() && s.is_contiguous(), "decoder_layer: ", name, " not contiguous");
   if (kind == kQ4Kind) {
     const std::string what = std::string("decoder_layer: ") + name;
-    const Q4Weight q = q4_weight(w, s, in, what.c_str());
-    return {kind, in, q.N, &w, q.hb, s, q.scales};
+    Q4Weight q = q4_weight(w, s, in, what.c_str());
+    const int64_t out = q.N;
+    return {kind, in, out, &w, s, std::move(q)};
   }
   TORCH_CHECK(kind == kQ8Kind && w.scalar_type() == at::kChar && w.dim() == 2 && w.size(1) == in &&
                   in % kQ8Group == 0,
@@ -115,10 +115,10 @@ Linear make_linear(const at::Tensor& w, const at::Tensor& s, int64_t kind, int64
     TORCH_CHECK(s.scalar_type() == at::kHalf && s.size(0) == w.size(0) &&
                     s.size(1) == in / kQ8WGroup,
                 "decoder_layer: ", name, " group scales must be float16 [outputs, inputs / 32]");
-    return {kind, in, w.size(0), &w, nullptr, s};
+    return {kind, in, w.size(0), &w, s};
   }
   TORCH_CHECK(s.numel() == w.size(0), "decoder_layer: ", name, " needs one scale per row");
-  return {kind, in, w.size(0), &w, nullptr, s.to(at::kFloat).reshape(-1).contiguous()};
+  return {kind, in, w.size(0), &w, s.to(at::kFloat).reshape(-1).contiguous()};
 }
 
 // x [n] -> x * rsqrt(mean(x^2) + eps) * (weight + offset), into y (may be x).
@@ -483,8 +483,7 @@ void team_linear(const Team& team, const Linear& lin, const QuantizedRows& act, 
   const auto [u0, u1] = team.share((lin.out + kRowTile - 1) / kRowTile);
   const int64_t c0 = u0 * kRowTile, c1 = std::min(lin.out, u1 * kRowTile);
   if (lin.kind == kQ4Kind)
-    q4_tiles(lin.w->data_ptr<uint8_t>(), lin.hb, lin.q4, act, B, lin.in,
-             lin.out, y, u0, u1, isa);
+    q4_weight_tiles(lin.q4, act, B, lin.in, y, u0, u1, isa);
   else
     q8_rows(lin.w->data_ptr<int8_t>(), lin.row_scale(), lin.group_scale(), act, B, lin.in, lin.out, y,
             c0, c1, isa);

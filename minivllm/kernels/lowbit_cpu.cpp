@@ -20,8 +20,7 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   const Q4Weight q = q4_weight(qweight, scales, K, "q4_gemm");
   at::Tensor out = at::empty({M, q.N}, xf.options());
   thread_local QuantizedRows a;
-  q4_gemm_raw(xf.data_ptr<float>(), M, K, qweight.data_ptr<uint8_t>(), q.hb, q.scales, q.N,
-              out.data_ptr<float>(), a);
+  q4_gemm_raw(xf.data_ptr<float>(), M, K, q, out.data_ptr<float>(), a);
   return out;
 }
 
@@ -202,26 +201,34 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantize_tile_avx512
 // float32 then cast.
 at::Tensor q4_dequantize(const at::Tensor& qweight, const at::Tensor& scales, int64_t K,
                          at::ScalarType dtype) {
-  const auto [N, hb, sm] = q4_weight(qweight, scales, K, "q4_dequantize");
-  const uint8_t* w = qweight.data_ptr<uint8_t>();
+  const Q4Weight q = q4_weight(qweight, scales, K, "q4_dequantize");
+  // Tile t of the weight: its segment, and its number and rows' offset there.
+  auto tile = [&](int64_t t) {
+    for (const Q4Segment& s : q.segs)
+      if (t < (s.row0 + s.rows) / kRowTile) return std::make_pair(&s, t - s.row0 / kRowTile);
+    TORCH_CHECK(false, "q4_dequantize: tile past the weight");
+  };
 #if defined(__x86_64__)
   const bool bf16 = dtype == at::kBFloat16;
   if (minivllm_cpu::active_isa() == kAvx512 && (dtype == at::kFloat || bf16)) {
-    at::Tensor out = at::empty({N, K}, qweight.options().dtype(dtype));
-    void* o = out.data_ptr();
-    at::parallel_for(0, N / kRowTile, 1, [&](int64_t t0, int64_t t1) {
+    at::Tensor out = at::empty({q.N, K}, qweight.options().dtype(dtype));
+    at::parallel_for(0, q.N / kRowTile, 1, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
-        if (bf16) dequantize_tile_avx512<true>(w, hb, sm, K, t, o);
-        else dequantize_tile_avx512<false>(w, hb, sm, K, t, o);
+        const auto [s, local] = tile(t);
+        void* o = static_cast<char*>(out.data_ptr()) + s->row0 * K * out.element_size();
+        if (bf16) dequantize_tile_avx512<true>(s->w, s->hb, s->scales, K, local, o);
+        else dequantize_tile_avx512<false>(s->w, s->hb, s->scales, K, local, o);
       }
     });
     return out;
   }
 #endif
-  at::Tensor out = at::empty({N, K}, qweight.options().dtype(at::kFloat));
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, N / kRowTile, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) dequantize_tile_portable(w, hb, sm, K, t, o);
+  at::Tensor out = at::empty({q.N, K}, qweight.options().dtype(at::kFloat));
+  at::parallel_for(0, q.N / kRowTile, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const auto [s, local] = tile(t);
+      dequantize_tile_portable(s->w, s->hb, s->scales, K, local, out.data_ptr<float>() + s->row0 * K);
+    }
   });
   return out.to(dtype);
 }

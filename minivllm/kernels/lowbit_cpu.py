@@ -81,6 +81,7 @@ HEADERS = tuple(
     for n in (
         "lowbit_kernels.h",
         "q4_scales.h",
+        "q4_weight.h",
         "amx_kernels.h",
         "attention_kernels.h",
         "thread_team.h",
@@ -412,11 +413,54 @@ def _scale_bits(scales: torch.Tensor) -> int:
     return scales.numel() * scales.element_size() * 8
 
 
+PAIR, OFFSET, SUPER, SIX = 0, 1, 2, 3
+"""The scale forms of a q4-tiled weight (q4_scales.h), as the stacked header names them."""
+
+
+def q4_form(scales: torch.Tensor, inputs: int) -> int:
+    """The form of one q4-tiled weight's ``scales`` (q4_weight.h: their dtype and shape)."""
+    if scales.dtype == torch.int8:
+        return SIX
+    if scales.dtype == torch.uint8:
+        return SUPER
+    return OFFSET if scales.dim() == 2 and scales.shape[1] * Q4_GROUP == inputs else PAIR
+
+
+def pack_q4_stack(
+    segments: list[tuple[torch.Tensor, torch.Tensor]], inputs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q4-tiled weights ``(codes, scales)`` of any forms, stacked on their rows as one
+    weight: the codes one after another (``[N, ...]``, zeros after them to whole
+    rows), the scales an int32 ``[N, ...]`` tensor of a header (q4_weight.h) and each
+    segment's scale bytes, 64-byte aligned."""
+    header = [len(segments), inputs, 0, 0]
+    at = -(-4 * (4 + 8 * len(segments)) // 64) * 64  # the first segment's scale bytes
+    code_at, rows, blobs = 0, 0, []
+    for codes, scales in segments:
+        raw = scales.contiguous().view(-1).view(torch.uint8)
+        n = q4_outputs(inputs, scales)
+        header += [n, q4_form(scales, inputs), code_at, codes.numel(), at, raw.numel(), 0, 0]
+        blobs.append((at, raw))
+        code_at += codes.numel()
+        rows += n
+        at = -(-(at + raw.numel()) // 64) * 64
+    size = -(-at // (4 * rows)) * 4 * rows  # whole int32 rows of N
+    blob = torch.zeros(size, dtype=torch.uint8)
+    blob[: 4 * len(header)] = torch.tensor(header, dtype=torch.int32).view(torch.uint8)
+    for start, raw in blobs:
+        blob[start : start + raw.numel()] = raw
+    codes = torch.cat([c.reshape(-1) for c, _ in segments])
+    codes = torch.cat([codes, codes.new_zeros(-codes.numel() % rows)])  # whole rows
+    return codes.view(rows, -1), blob.view(torch.int32).view(rows, -1)
+
+
 def q4_inputs(qweight: torch.Tensor, scales: torch.Tensor) -> int:
     """The input count K of a q4-tiled weight ``qweight [N, bytes a row]``: its scales
     hold one bit per weight in the pair form, half a bit in the others (q4_scales.h),
     and its codes K / 2 or (with a plane) 5 K / 8 bytes a row, which tells the two apart."""
     rows = qweight.shape[0]
+    if scales.dtype == torch.int32:  # stacked: its header holds K
+        return int(scales.view(-1)[1])
     if scales.dtype == torch.int8:  # six: 18 bytes a row per 256 inputs
         return scales.numel() // rows // 18 * 256
     per_row = qweight.numel() // rows
@@ -430,6 +474,8 @@ def q4_outputs(inputs: int, scales: torch.Tensor) -> int:
     """The output count N of a q4-tiled weight of ``inputs`` inputs: float16
     ``[N, inputs / 32]`` scales are the offset form, uint8 the super form (half a bit
     a weight), other float16 the pair form (one bit a weight), as the kernels read them."""
+    if scales.dtype == torch.int32:  # stacked: [N, ...]
+        return scales.shape[0]
     if scales.dtype == torch.int8:  # six: 18 bytes a row per 256 inputs
         return scales.numel() // (inputs // 256 * 18)
     offset = scales.dim() == 2 and scales.shape[1] * Q4_GROUP == inputs
@@ -450,6 +496,8 @@ __all__ = [
     "pack_q4_offset",
     "pack_q4_super",
     "pack_q6",
+    "pack_q4_stack",
+    "q4_form",
     "q4_inputs",
     "q4_outputs",
     "start_building",

@@ -1086,66 +1086,6 @@ void q8_rows(const int8_t* w, const float* row_scale, const c10::Half* group_sca
   q8_rows_portable(p, r0, r1);
 }
 
-// A q4- or q5-tiled weight of K inputs: its outputs N, its fifth bits' plane
-// (nullptr: q4; a q5 weight's bytes are N K / 2 + N K / 8) and its scales, whose
-// dtype and shape give their form (q4_scales.h): float16 [N, K / 32] offset,
-// other float16 (N K / 16 values) pair, uint8 (N K / 16 bytes, K a multiple of
-// 256) super, int8 (9 N K / 128 bytes, K a multiple of 256) six, whose weight has
-// both planes (N K / 2 + N K / 4 bytes).  An offset form's bias is 16 with a plane
-// (Q5_0), else 8 (Q4_0).
-struct Q4Weight {
-  int64_t N;
-  const uint8_t* hb;
-  Q4Scales scales;
-};
-
-inline Q4Weight q4_weight(const at::Tensor& qweight, const at::Tensor& scales, int64_t K,
-                          const char* op) {
-  TORCH_CHECK(K % kQ4Group == 0, op, ": inputs must be a multiple of 32");
-  TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.is_contiguous(), op, ": uint8 tiles");
-  TORCH_CHECK(scales.is_contiguous(), op, ": contiguous scales");
-  const int64_t groups = K / kQ4Group;
-  Q4Scales s;
-  int64_t N = 0;
-  if (scales.scalar_type() == at::kByte || scales.scalar_type() == at::kChar) {
-    TORCH_CHECK(K % kSuperInputs == 0, op, ": super-block scales need inputs a multiple of 256");
-    const bool six = scales.scalar_type() == at::kChar;
-    s.form = six ? kSixForm : kSuperForm;
-    N = scales.numel() / (K / kSuperInputs * (six ? kSixBytes : kSuperBytes) / kRowTile);
-  } else {
-    TORCH_CHECK(scales.scalar_type() == at::kHalf, op, ": float16 or uint8 scales");
-    const bool offset = scales.dim() == 2 && scales.size(1) == groups;
-    s.form = offset ? kOffsetForm : kPairForm;
-    N = scales.numel() / (offset ? groups : 2 * groups);
-  }
-  s.tile_bytes = q4_tile_scale_bytes(s.form, groups);
-  TORCH_CHECK(N % kRowTile == 0 && N / kRowTile * s.tile_bytes == scales.nbytes(),
-              op, ": scales do not match the inputs");
-  const int64_t q4_bytes = N * K / 2;
-  if (s.form == kSixForm) {  // both planes, always
-    TORCH_CHECK(qweight.numel() == q4_bytes + N * K / 4, op, ": weight does not match its scales");
-    s.sixth = N * K / 8;
-  } else {
-    TORCH_CHECK(qweight.numel() == q4_bytes || qweight.numel() == q4_bytes + N * K / 8,
-                op, ": weight does not match its scales");
-  }
-  const uint8_t* w = qweight.data_ptr<uint8_t>();
-  const uint8_t* hb = qweight.numel() == q4_bytes ? nullptr : w + q4_bytes;
-  s.p = static_cast<const uint8_t*>(scales.data_ptr());
-  s.bias = hb == nullptr ? 8.f : 16.f;
-  return {N, hb, s};
-}
-
-// The whole q4 (or q5: `hb` not null) GEMM, on ATen's threads.
-void q4_gemm_raw(const float* x, int64_t M, int64_t K, const uint8_t* w, const uint8_t* hb,
-                 const Q4Scales& sm, int64_t N, float* out, QuantizedRows& a) {
-  const int64_t isa = minivllm_cpu::active_isa();
-  quantize_rows(x, M, K, kQ4Group, isa, a);
-  at::parallel_for(0, N / kRowTile, 1, [&](int64_t t0, int64_t t1) {
-    q4_tiles(w, hb, sm, a, M, K, N, out, t0, t1, isa);
-  });
-}
-
 // The whole q8 GEMM (per-row or group scales, as `q8_rows`), on ATen's threads.
 void q8_gemm_raw(const float* x, int64_t M, int64_t K, const int8_t* w, const float* row_scale,
                  const c10::Half* group_scale, int64_t N, float* out, QuantizedRows& a,
@@ -1175,3 +1115,5 @@ void q8_gemm_coarse_raw(const float* x, int64_t M, int64_t K, const int8_t* w,
 #endif
 
 }  // namespace
+
+#include "q4_weight.h"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -318,6 +319,7 @@ def test_cpu_cache_is_zero_and_resident_only_where_written():
     """The CPU cache reads as zeros without having been written: start-up does not
     touch it, and the resident set grows with the blocks written, not the cache's size."""
     num_blocks, block_size, heads, head_dim = 2048, 16, 4, 64  # 32 MiB a layer in fp16
+    gc.collect()  # earlier tests' garbage freed mid-test would blur the resident figures
     before = _rss_anon()
     caches = allocate_kv_caches(4, num_blocks, block_size, heads, head_dim, torch.float16, "cpu")
     allocated = _rss_anon() - before

@@ -157,6 +157,39 @@ def test_lowbit_forms_and_kernels(weights: list[GGUFWeight]) -> None:
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
 
 
+def test_parts_of_different_types_stack_in_their_own_forms(tensors: list[Any]) -> None:
+    # A fused projection of Q4_K parts beside a Q6_K one (a Q4_K_M file's q, k and
+    # v) stays in the file's bytes and values: one weight of two segments.
+    if not ql.native_kernels() or ql.q8_on_amx():
+        pytest.skip("the six form needs minivllm's kernels and no AMX")
+    # Gemma 3 270M's ffn_down weights (640 x 2048) are Q4_K in some layers, Q6_K in others.
+    downs = [t for t in tensors if t.name.endswith("ffn_down.weight")]
+    q4k, q6k = (
+        next(_file_weights([t])[0] for t in downs if QT(t.tensor_type) == qtype)
+        for qtype in (QT.Q4_K, QT.Q6_K)
+    )
+    parts = [q4k, q4k, q6k]
+    kind, qweight, scales = ql.quantize_parts(parts)
+    assert kind == ql.Q4 and scales.dtype == torch.int32
+    ref = torch.cat([_reference(w) for w in parts])
+    assert torch.equal(ql.dequantize_weight(kind, qweight, scales), ref)
+    file_bytes = sum(w.data.nbytes for w in parts)
+    overhead = qweight.nbytes + scales.nbytes - file_bytes
+    assert 0 <= overhead <= 64 * 4 + 4 * ref.shape[0]  # a header, alignment, row padding
+    x = torch.randn(3, ref.shape[1])
+    got = ql.lowbit_linear(x, qweight, scales, None, kind)
+    assert (got - x @ ref.T).norm() / (x @ ref.T).norm() < 1e-3
+
+
+def test_q6_k_head_keeps_the_int8_form(weights: list[GGUFWeight]) -> None:
+    # A Q6_K LM head stays int8 (its batches run the one-term int8 kernel), while
+    # the same tensor as a layer's weight is computed in the six form (no AMX).
+    w = next(w for w in weights if w.qtype == QT.Q6_K)
+    assert ql.quantize_parts([w], lm_head=True)[0] == ql.INT8
+    six = ql.native_kernels() and not ql.q8_on_amx()
+    assert ql.quantize_parts([w])[0] == (ql.Q4 if six else ql.INT8)
+
+
 def test_refined_top_logits_are_exact_per_type(weights: list[GGUFWeight]) -> None:
     # The LM head's kernel output (bfloat16) with each row's top logits recomputed
     # from the file's blocks: those equal the float32 product, and so does the argmax.

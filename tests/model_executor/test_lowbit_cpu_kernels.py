@@ -127,6 +127,30 @@ def test_q4_gemm_matches_quantized_reference(isa: int, bits: int, form: str) -> 
         assert ((got - x @ dense.T).norm() / (x @ dense.T).norm()) < 1e-3
 
 
+def test_stacked_weight_computes_each_segment_as_alone(isa: int) -> None:
+    # A weight stacked from parts of different forms (a Q4_K q and k with a Q6_K v)
+    # gives each row what its part alone gives, bit for bit, and its dense values.
+    k = 512
+    parts = [
+        _packed(f, n, k, b) for f, n, b in (("super", 32, 4), ("six", 16, 6), ("offset", 48, 5))
+    ]
+    codes, scales = lowbit_cpu.pack_q4_stack([p[:2] for p in parts], k)
+    assert scales.dtype == torch.int32 and codes.shape[0] == scales.shape[0] == 96
+    assert lowbit_cpu.q4_inputs(codes, scales) == k and lowbit_cpu.q4_outputs(k, scales) == 96
+    dense = torch.cat([p[2] for p in parts])
+    assert torch.equal(torch.ops.minivllm_cpu.q4_dequantize(codes, scales, k, torch.float32), dense)
+    for rows in (1, 6, 17):
+        x = torch.randn(rows, k)
+        got = torch.ops.minivllm_cpu.q4_gemm(x, codes, scales)
+        alone = [torch.ops.minivllm_cpu.q4_gemm(x, *p[:2]) for p in parts]
+        assert torch.equal(got, torch.cat(alone, dim=1))
+    # A header that claims more bytes than the tensors hold is refused, not read.
+    bad = scales.clone()
+    bad.view(-1)[4 + 3] = codes.numel() + 1  # segment 0's code bytes
+    with pytest.raises(RuntimeError, match="outside its tensors"):
+        torch.ops.minivllm_cpu.q4_gemm(torch.randn(1, k), codes, bad)
+
+
 @pytest.mark.parametrize("form", ["pair", "offset", "super"])
 @pytest.mark.parametrize("bits", [4, 5])
 def test_q4_gemm_on_amx_gives_the_vnni_kernels_bits(bits: int, form: str) -> None:

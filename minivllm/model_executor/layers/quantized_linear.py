@@ -4,8 +4,8 @@ minivllm's own kernels (`minivllm.kernels.lowbit_cpu`, C++ built on
 first use) run batches of up to `Q4_MAX_TOKENS` rows: int4 weights in the ``Q4``
 form (codes tiled 16 rows at a time, with the file's own scales re-laid beside
 them: Q4_K's super-block and 6-bit ones, Q4_0's one float16 per 32, Q4_1's scale
-and min, so the weight is the file's bytes and values, `_pack_tiles`; Q5_0 / Q5_1 /
-Q5_K the same tiles plus a plane of fifth bits, `q5_supported`) and int8 weights below 16 rows (64 without VNNI), both as
+and min, so the weight is the file's bytes and values, `_pack_run`; Q5_0 / Q5_1 /
+Q5_K the same tiles plus a plane of fifth bits, Q6_K two planes, `_tile_runs`) and int8 weights below 16 rows (64 without VNNI), both as
 integer dot products (AVX-512 VNNI or AVX2) on activations quantized to two int8
 terms per group.  Measured on the default model (2-core Sapphire Rapids, -O2,
 ``benchmarks/step_profile.py --baseline``): batch-1 decode 2.5x torch's int4 kernel,
@@ -122,18 +122,6 @@ def int4_supported(parts: list[GGUFWeight]) -> bool:
     return all(p.qtype in INT4_TYPES for p in parts) and rows % block == 0
 
 
-def q5_supported(parts: list[GGUFWeight]) -> bool:
-    """Whether minivllm's kernels compute this weight on its 5-bit codes (``Q4``
-    kind with a fifth bits' plane: the file's bits, re-laid)."""
-    rows = sum(p.shape[0] for p in parts)
-    return (
-        native_kernels()
-        and all(p.qtype in INT4_TYPES + INT5_TYPES for p in parts)
-        and any(p.qtype in INT5_TYPES for p in parts)
-        and rows % lowbit_cpu.ROW_TILE == 0
-    )
-
-
 def q6_supported(parts: list[GGUFWeight]) -> bool:
     """Whether minivllm's kernels compute this Q6_K weight on its own 6-bit codes and
     scales (``Q4`` kind, six form: the file's bytes, 6.56 bits a weight, where the
@@ -179,23 +167,29 @@ def _affine(part: GGUFWeight, cols: int) -> tuple[torch.Tensor, torch.Tensor, to
 
 
 def quantize_parts(
-    parts: list[GGUFWeight | torch.Tensor], dtype: torch.dtype = KERNEL_DTYPE
+    parts: list[GGUFWeight | torch.Tensor],
+    dtype: torch.dtype = KERNEL_DTYPE,
+    lm_head: bool = False,
 ) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """``(kind, qweight, scales)`` for the weight made of ``parts`` stacked on rows."""
+    """``(kind, qweight, scales)`` for the weight made of ``parts`` stacked on rows.
+
+    An ``lm_head`` of Q6_K keeps the int8 form: its batches of 16-64 rows run the
+    one-term int8 kernel (`coarse_head_kernel`), which the six form has no
+    counterpart of (Llama-1B shape's 49152 x 2048 head, 2-core Zen 4: 16 / 32 / 64
+    rows 38 / 61 / 134 ms in the six form against 20 / 37 / 54; one row 6.0 against
+    7.5)."""
     gguf = all(isinstance(p, GGUFWeight) for p in parts)
     if gguf and q8_0_native(parts):  # type: ignore[arg-type]
         if len(parts) == 1:  # shared with a tied embedding
             return INT8, *parts[0].q8_0_parts()  # type: ignore[union-attr]
         split = [p.q8_0_parts() for p in parts]  # type: ignore[union-attr]
         return INT8, torch.cat([c for c, _ in split]), torch.cat([s for _, s in split])
-    if gguf and native_kernels() and (q5_supported(parts) or int4_supported(parts)):  # type: ignore[arg-type]
-        return Q4, *_pack_tiles(parts)  # type: ignore[arg-type]
-    if gguf and q6_supported(parts):  # type: ignore[arg-type]
-        cols = parts[0].shape[1]
-        split = [q6_k_parts(p.data, cols) for p in parts]  # type: ignore[union-attr]
-        q, d, sc = (torch.cat([s[i] for s in split]) for i in range(3))
-        codes, scales = lowbit_cpu.pack_q6(q, d, sc)
-        return Q4, codes.view(q.shape[0], -1), scales
+    runs = _tile_runs(parts, lm_head) if gguf else None  # type: ignore[arg-type]
+    if runs is not None:
+        packed = [_pack_run(form, run) for form, run in runs]
+        if len(packed) == 1:
+            return Q4, *packed[0]
+        return Q4, *lowbit_cpu.pack_q4_stack(packed, parts[0].shape[1])
     if gguf and int4_supported(parts):  # type: ignore[arg-type]
         cols = parts[0].shape[1]
         affine = [int4_affine(p.data, p.qtype, cols) for p in parts]  # type: ignore[union-attr]
@@ -209,23 +203,58 @@ def quantize_parts(
     return INT8, *_int8_rows(parts, dtype)
 
 
-def _pack_tiles(parts: list[GGUFWeight]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 4- or 5-bit weight in the kernels' tiles, its scales in the form that holds
-    the file's own values in the file's bytes (`lowbit_cpu.pack_q4_super` for Q4_K /
-    Q5_K, `pack_q4_offset` for Q4_0 / Q5_0); other types and mixes take a float16
-    scale and min per 32 (`pack_q4`: Q4_1 and Q5_1's own)."""
+def _tile_form(part: GGUFWeight, lm_head: bool) -> str | None:
+    """The scale form minivllm's tiles hold ``part`` in (q4_scales.h), with the file's
+    values in the file's bytes; None where they do not hold it."""
+    if part.qtype == QT.Q6_K:
+        return "six" if not lm_head and q6_supported([part]) else None
+    if part.qtype in (QT.Q4_K, QT.Q5_K):
+        return "super" if part.shape[1] % 256 == 0 else "pair"
+    if part.qtype in (QT.Q4_0, QT.Q5_0):
+        return f"offset{part.qtype.name[1]}"
+    return "pair" if part.qtype in (QT.Q4_1, QT.Q5_1) else None
+
+
+def _tile_runs(parts: list[GGUFWeight], lm_head: bool) -> list[tuple[str, list[GGUFWeight]]] | None:
+    """``parts`` as runs of consecutive parts of one tile form (one run is the usual
+    weight; more, a stacked one: Q4_K q and k beside a Q6_K v), or None where
+    minivllm's kernels do not hold them all (a run's rows must fill whole tiles)."""
+    if not native_kernels():
+        return None
+    runs: list[tuple[str, list[GGUFWeight]]] = []
+    for part in parts:
+        form = _tile_form(part, lm_head)
+        if form is None:
+            return None
+        if runs and runs[-1][0] == form:
+            runs[-1][1].append(part)
+        else:
+            runs.append((form, [part]))
+    rows = [sum(p.shape[0] for p in run) for _, run in runs]
+    return runs if all(r % lowbit_cpu.ROW_TILE == 0 for r in rows) else None
+
+
+def _pack_run(form: str, parts: list[GGUFWeight]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Parts of one tile form as one tiled weight ``(codes [rows, ...], scales)``:
+    super for Q4_K / Q5_K (`lowbit_cpu.pack_q4_super`), offset for Q4_0 / Q5_0
+    (`pack_q4_offset`), six for Q6_K (`pack_q6`), pair (a float16 scale and min per
+    32: Q4_1 and Q5_1's own, `pack_q4`) otherwise."""
     cols = parts[0].shape[1]
-    types = {p.qtype for p in parts}
+    rows = sum(p.shape[0] for p in parts)
+    if form == "six":
+        split = [q6_k_parts(p.data, cols) for p in parts]
+        q, d, sc = (torch.cat([s[i] for s in split]) for i in range(3))
+        codes, scales = lowbit_cpu.pack_q6(q, d, sc)
+        return codes.view(rows, -1), scales
     affine = [_affine(p, cols) for p in parts]
     q = torch.cat([a[0] for a in affine])
-    rows = q.shape[0]
-    if types <= {QT.Q4_K, QT.Q5_K} and cols % 256 == 0:
+    if form == "super":
         raw = [k_quant_scales(p.data, p.qtype) for p in parts]
         d, dmin, sc, m = (torch.cat([r[i] for r in raw]) for i in range(4))
         codes, scales = lowbit_cpu.pack_q4_super(q, d, dmin, sc, m)
-    elif len(types) == 1 and types <= {QT.Q4_0, QT.Q5_0}:
+    elif form.startswith("offset"):
         d = torch.cat([zero_point_scales(p.data, p.qtype) for p in parts])
-        codes, scales = lowbit_cpu.pack_q4_offset(q, d, five=QT.Q5_0 in types)
+        codes, scales = lowbit_cpu.pack_q4_offset(q, d, five=form == "offset5")
     else:
         scale = torch.cat([a[1] for a in affine])
         codes, scales = lowbit_cpu.pack_q4(q, scale, torch.cat([a[2] for a in affine]))

@@ -147,7 +147,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         source = getattr(self.weight, _GGUF_ATTR, None)
         if source is None:
             return
-        self.quant_kind, self.qweight, self.qscales = quantize_parts([source])
+        self.quant_kind, self.qweight, self.qscales = quantize_parts([source], lm_head=True)
         self._take_table(source)
         self.weight = None  # type: ignore[assignment]
 

@@ -82,6 +82,7 @@ HEADERS = tuple(
         "lowbit_kernels.h",
         "q4_scales.h",
         "q4_weight.h",
+        "q8_kernels.h",
         "amx_kernels.h",
         "attention_kernels.h",
         "thread_team.h",

@@ -4,7 +4,8 @@ The sources (``lowbit_cpu.cpp``: low-bit GEMMs; ``decode_attention_cpu.cpp``: th
 decode graph's paged attention; ``decode_layer_cpu.cpp``: its fused decoder
 layer; ``block_cache_cpu.cpp``: the CPU block cache; ``encoder_attention_cpu.cpp``:
 encoder-only attention; ``logits_cpu.cpp``: top-k candidates, greedy tokens and
-temperature draws over the logits; the GEMM and attention kernels and the thread team in the headers) are
+temperature draws over the logits; ``gguf_rows_cpu.cpp``: rows of raw GGUF tables
+as float32; the GEMM and attention kernels and the thread team in the headers) are
 compiled into one library
 once per machine, torch version and source text with the system C++ compiler
 (the one torch.compile's CPU backend already needs) into
@@ -31,6 +32,9 @@ Ops (all CPU, float32 out):
   ``sample_rows(logits, rows, temperature, u, invalid, none)``: the LM head
   refinement's candidates, the sampler's greedy tokens and its draws at a
   temperature alone (run eagerly, outside compiled graphs);
+- ``gguf_rows(table, ids, qtype, dim)``: rows ``ids`` of a raw GGUF table ``uint8
+  [rows, row_bytes]`` of ggml type ``qtype`` as float32 ``[ids.numel(), dim]``, the
+  values of ``gguf.quants.dequantize`` (`gguf_blocks.gather_rows`);
 - ``lowbit_isa(force)``: the code path in use (0 portable C++, 1 AVX2,
   2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests); ``lowbit_amx(force)``:
   whether q4 GEMMs of 8 tokens or more run on AMX tiles (CPUs that have them);
@@ -74,6 +78,7 @@ SOURCES = tuple(
         "block_cache_cpu.cpp",
         "encoder_attention_cpu.cpp",
         "logits_cpu.cpp",
+        "gguf_rows_cpu.cpp",
     )
 )
 HEADERS = tuple(
@@ -196,6 +201,10 @@ def _register_fakes() -> None:
     torch.library.register_fake("minivllm_cpu::decode_attention", attention_fake)
     torch.library.register_fake("minivllm_cpu::decoder_layer", layer_fake)
     torch.library.register_fake("minivllm_cpu::decoder_stack", layer_fake)
+    torch.library.register_fake(
+        "minivllm_cpu::gguf_rows",
+        lambda table, ids, qtype, dim: table.new_empty(ids.numel(), dim, dtype=torch.float32),
+    )
 
 
 def start_building() -> None:

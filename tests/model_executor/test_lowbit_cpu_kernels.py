@@ -125,6 +125,11 @@ def test_q4_gemm_matches_quantized_reference(isa: int, bits: int, form: str) -> 
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4 * 2 ** (bits - 4))
         # Two int8 terms: close to the float product (one term alone is ~1e-2 off).
         assert ((got - x @ dense.T).norm() / (x @ dense.T).norm()) < 1e-3
+        # A token's result does not depend on its batch (each token tile sums in the
+        # same order): what batch-invariant decoding relies on.
+        for r in {0, rows - 1}:
+            alone = torch.ops.minivllm_cpu.q4_gemm(x[r : r + 1], codes, scale_min)
+            assert torch.equal(got[r : r + 1], alone), (rows, r)
 
 
 def test_stacked_weight_computes_each_segment_as_alone(isa: int) -> None:

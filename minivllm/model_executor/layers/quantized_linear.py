@@ -63,7 +63,7 @@ from minivllm.model_executor.layers.gguf_blocks import (
     INT4_TYPES,
     INT5_TYPES,
     GGUFWeight,
-    dequantize_rows,
+    gather_rows,
     int4_affine,
     int5_affine,
     k_quant_scales,
@@ -601,11 +601,11 @@ def refine_top_logits_impl(
     flat = logits.view(-1, logits.shape[-1])
     k = min(REFINE_TOP, flat.shape[-1])
     top = _top_indices(flat, k).reshape(-1)
-    picked = table.index_select(0, top)
     if qtype == PLAIN_TABLE:
+        picked = table.index_select(0, top)
         rows = picked.float() if scales is None else scaled_rows(picked, scales[top])
     else:
-        rows = dequantize_rows(picked, QT(qtype), dim)
+        rows = gather_rows(table, top, qtype, dim)
     exact = torch.bmm(rows.view(-1, k, dim), x.reshape(-1, dim, 1).float()).squeeze(-1)
     flat.scatter_(1, top.view(-1, k), exact)
 

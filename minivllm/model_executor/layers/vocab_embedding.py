@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType
 from torch import nn
 
 from minivllm.model_executor.layers import cpu_gemm
-from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, dequantize_rows, scaled_rows
+from minivllm.model_executor.layers.gguf_blocks import GGUFWeight, gather_rows, scaled_rows
 from minivllm.model_executor.layers.quantized_linear import (
     PLAIN_TABLE,
     lowbit_logits,
@@ -43,11 +43,7 @@ def gguf_embedding_impl(
     ids: torch.Tensor, table: torch.Tensor, qtype: int, dim: int
 ) -> torch.Tensor:
     """Rows ``ids`` of a quantized table ``uint8 [vocab, row_bytes]``, as float32."""
-    from gguf import GGMLQuantizationType
-
-    flat = ids.reshape(-1)
-    rows = dequantize_rows(table.index_select(0, flat), GGMLQuantizationType(qtype), dim)
-    return rows.view(*ids.shape, dim)
+    return gather_rows(table, ids, qtype, dim).view(*ids.shape, dim)
 
 
 def _gguf_embedding_fake(

@@ -656,7 +656,17 @@ void q4_tile_blocks(const Q4Args& p, int64_t tile) {
   const uint8_t* w = p.w + tile * (p.K / 8) * 64;
   const uint8_t* hb = p.hb == nullptr ? nullptr : p.hb + tile * (p.K / 8) * 16;
   const uint8_t* sm = p.sm.tile(tile);
-  const Q4Scales& ss = p.sm;
+  Q4Scales ss = p.sm;
+  // Super-block scales take ~15 operations a group to decode (6-bit fields): with
+  // several token blocks to run, decode the tile's once into the float form
+  // (the same values, so the same bits) and let every block load them.
+  thread_local std::vector<float> decoded;
+  if (ss.form == kSuperForm && p.M > kTokTile) {
+    decoded.resize(groups * 32);
+    for (int64_t g = 0; g < groups; ++g) Kernel::decode(ss, sm, g, decoded.data() + 32 * g);
+    ss.form = kFloatForm;
+    sm = reinterpret_cast<const uint8_t*>(decoded.data());
+  }
   for (int64_t m = 0; m < p.M; m += kTokTile) {
     const bool two = std::min<int64_t>(kTokTile, p.M - m) == 2;  // rows come in pairs
     const int8_t* xq = p.a->q.data() + m * p.K;
@@ -680,6 +690,13 @@ void q4_tile_blocks(const Q4Args& p, int64_t tile) {
 struct Avx512Q4 {
   template <int NT, bool kHigh, typename... Args>
   static void run(Args... args) { q4_tile_avx512_nt<NT, kHigh>(args...); }
+  __attribute__((target("avx512f"))) static void decode(const Q4Scales& s, const uint8_t* tile,
+                                                        int64_t g, float* dst) {
+    __m512 scale, mins;
+    group_scales_avx512(s, tile, g, scale, mins);
+    _mm512_storeu_ps(dst, scale);
+    _mm512_storeu_ps(dst + 16, mins);
+  }
   template <int NT, typename... Args>
   static void run6(Args... args) { q6_tile_avx512_nt<NT>(args...); }
 };
@@ -687,6 +704,16 @@ struct Avx512Q4 {
 struct Avx2Q4 {
   template <int NT, bool kHigh, typename... Args>
   static void run(Args... args) { q4_tile_avx2_nt<NT, kHigh>(args...); }
+  __attribute__((target("avx2,fma,f16c"))) static void decode(const Q4Scales& s,
+                                                               const uint8_t* tile, int64_t g,
+                                                               float* dst) {
+    for (int half = 0; half < 2; ++half) {
+      __m256 scale, mins;
+      group_scales_avx2(s, tile, g, half, scale, mins);
+      _mm256_storeu_ps(dst + 8 * half, scale);
+      _mm256_storeu_ps(dst + 16 + 8 * half, mins);
+    }
+  }
   template <int NT, typename... Args>
   static void run6(Args... args) { q6_tile_avx2_nt<NT>(args...); }
 };

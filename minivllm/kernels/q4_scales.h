@@ -22,6 +22,10 @@
 //   scales, so the kernels keep its two halves' dot products apart; the min of
 //   each half is -32 d sc, times the exact sum of that half's inputs.
 //
+// * float (never stored: `q4_tile_blocks` decodes a super tile's scales into it once
+//   when several token blocks will read them): per tile and group, 16 float32 scales
+//   then 16 float32 mins (128 bytes), the values the super form's decoding gives.
+//
 // The pair form was the only one; the others read 0.5 bits a weight less (Q4_0
 // and Q4_K files at 4.5 bits, not 5) and Q6_K 1.4 less than int8 (6.56, not 8):
 // the file's own size.
@@ -40,7 +44,8 @@ constexpr int kScaleRows = 16;     // output rows per tile (kRowTile)
 constexpr int kSuperInputs = 256;  // inputs per super-block (super form)
 constexpr int kSuperBytes = 256;   // bytes per tile and super-block (super form)
 
-enum Q4Form : int { kPairForm = 0, kOffsetForm = 1, kSuperForm = 2, kSixForm = 3 };
+enum Q4Form : int { kPairForm = 0, kOffsetForm = 1, kSuperForm = 2, kSixForm = 3, kFloatForm = 4 };
+constexpr int kFloatBytes = 128;  // bytes per tile and group (float form)
 constexpr int kSixBytes = 288;  // bytes per tile and super-block (six form)
 
 // A weight's scales: where they start, their form, and (offset form) the bias.
@@ -86,6 +91,11 @@ inline void group_scales_scalar(const Q4Scales& s, const uint8_t* tile, int64_t 
     }
     return;
   }
+  if (s.form == kFloatForm) {
+    std::memcpy(scale, tile + g * kFloatBytes, 64);
+    std::memcpy(mins, tile + g * kFloatBytes + 64, 64);
+    return;
+  }
   const auto* h = reinterpret_cast<const c10::Half*>(tile + g * (s.form == kPairForm ? 64 : 32));
   for (int r = 0; r < kScaleRows; ++r) {
     scale[r] = static_cast<float>(h[r]);
@@ -115,6 +125,11 @@ __attribute__((target("avx512f"), always_inline)) inline void group_scales_avx51
                                       _mm512_slli_epi32(_mm512_srli_epi32(hi, 2), 4));
     scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
     mins = _mm512_mul_ps(nm, _mm512_cvtepi32_ps(m));
+    return;
+  }
+  if (s.form == kFloatForm) {
+    scale = _mm512_loadu_ps(tile + g * kFloatBytes);
+    mins = _mm512_loadu_ps(tile + g * kFloatBytes + 64);
     return;
   }
   const uint8_t* h = tile + g * (s.form == kPairForm ? 64 : 32);
@@ -171,6 +186,12 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void group_scales
                                       _mm256_slli_epi32(_mm256_srli_epi32(hi, 2), 4));
     scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
     mins = _mm256_mul_ps(nm, _mm256_cvtepi32_ps(m));
+    return;
+  }
+  if (s.form == kFloatForm) {
+    const auto* f = reinterpret_cast<const float*>(tile + g * kFloatBytes);
+    scale = _mm256_loadu_ps(f + 8 * half);
+    mins = _mm256_loadu_ps(f + 16 + 8 * half);
     return;
   }
   const uint8_t* h = tile + g * (s.form == kPairForm ? 64 : 32) + 16 * half;

@@ -5,7 +5,10 @@ first use) run batches of up to `Q4_MAX_TOKENS` rows: int4 weights in the ``Q4``
 form (codes tiled 16 rows at a time, with the file's own scales re-laid beside
 them: Q4_K's super-block and 6-bit ones, Q4_0's one float16 per 32, Q4_1's scale
 and min, so the weight is the file's bytes and values, `_pack_run`; Q5_0 / Q5_1 /
-Q5_K the same tiles plus a plane of fifth bits, Q6_K two planes, `_tile_runs`) and int8 weights below 16 rows (64 without VNNI), both as
+Q5_K the same tiles plus a plane of fifth bits, Q6_K two planes and its int8
+scales per 16; a weight fused from parts of different types, runs of each form
+behind one header, `_tile_runs`) and int8 weights below 16 rows (64 without
+VNNI), both as
 integer dot products (AVX-512 VNNI or AVX2) on activations quantized to two int8
 terms per group.  Measured on the default model (2-core Sapphire Rapids, -O2,
 ``benchmarks/step_profile.py --baseline``): batch-1 decode 2.5x torch's int4 kernel,
@@ -20,7 +23,7 @@ than a bfloat16 GEMM and run ~2x faster; at 32 tokens they are 3-4x slower):
   elements, which is exactly the input of torch's ``_weight_int4pack_mm_for_cpu``
   (``w = (q - 8) * scale + zero``, so ``zero = min + 8 * scale``): no value changes.
 - ``int8``: every other type (Q6_K, Q8_0, and the 5-bit ones without minivllm's
-  kernels) is expanded once at
+  kernels; on them, a Q6_K LM head and Q6_K on AMX CPUs) is expanded once at
   load and re-quantized to int8 with one scale per output row, for
   ``_weight_int8pack_mm`` (weight-only, like gpt-fast's int8).  On minivllm's
   kernels Q8_0 is not: its codes and float16 scales per 32 inputs are split from

@@ -151,28 +151,13 @@ inline void k_scale_min(const uint8_t* s, int g, int* sc, int* m) {
 
 // Q4_K: d, dmin, the packed scales, then 128 code bytes.  Group g of 32 reads code
 // bytes 32 (g / 2) .. + 31, the low nibbles for even g and the high ones for odd g;
-// w = (d * sc) * q - (dmin * m).
-inline void block_q4_k(const uint8_t* b, float* out) {
-  const float d = half_at(b), dmin = half_at(b + 2);
-  const uint8_t* qs = b + 16;
-  for (int g = 0; g < 8; ++g) {
-    int sc, m;
-    k_scale_min(b + 4, g, &sc, &m);
-    const float scale = d * static_cast<float>(sc);
-    const float offset = dmin * static_cast<float>(m);
-    const uint8_t* q = qs + 32 * (g / 2);
-    const int shift = 4 * (g & 1);
-    for (int l = 0; l < 32; ++l)
-      out[32 * g + l] = scale * static_cast<float>((q[l] >> shift) & 0x0F) - offset;
-  }
-}
-
-// Q5_K: as Q4_K with 32 bytes of fifth bits between the scales and the codes: bit g
-// of byte l is element 32 g + l's.
-inline void block_q5_k(const uint8_t* b, float* out) {
+// w = (d * sc) * q - (dmin * m).  Q5_K (kFive): the same with 32 bytes of fifth bits
+// between the scales and the codes: bit g of byte l is element 32 g + l's.
+template <bool kFive>
+inline void block_k(const uint8_t* b, float* out) {
   const float d = half_at(b), dmin = half_at(b + 2);
   const uint8_t* high = b + 16;
-  const uint8_t* qs = b + 48;
+  const uint8_t* qs = b + (kFive ? 48 : 16);
   for (int g = 0; g < 8; ++g) {
     int sc, m;
     k_scale_min(b + 4, g, &sc, &m);
@@ -181,7 +166,8 @@ inline void block_q5_k(const uint8_t* b, float* out) {
     const uint8_t* q = qs + 32 * (g / 2);
     const int shift = 4 * (g & 1);
     for (int l = 0; l < 32; ++l) {
-      const int code = ((q[l] >> shift) & 0x0F) | (((high[l] >> g) & 1) << 4);
+      int code = (q[l] >> shift) & 0x0F;
+      if (kFive) code |= ((high[l] >> g) & 1) << 4;
       out[32 * g + l] = scale * static_cast<float>(code) - offset;
     }
   }
@@ -289,8 +275,8 @@ at::Tensor gguf_rows(const at::Tensor& table, const at::Tensor& ids, int64_t qty
     case kQ5_0: run<32, 22>(base, stride, idx, n, dim, dst, block_q5_0); break;
     case kQ5_1: run<32, 24>(base, stride, idx, n, dim, dst, block_q5_1); break;
     case kQ8_0: run<32, 34>(base, stride, idx, n, dim, dst, block_q8_0); break;
-    case kQ4_K: run<256, 144>(base, stride, idx, n, dim, dst, block_q4_k); break;
-    case kQ5_K: run<256, 176>(base, stride, idx, n, dim, dst, block_q5_k); break;
+    case kQ4_K: run<256, 144>(base, stride, idx, n, dim, dst, block_k<false>); break;
+    case kQ5_K: run<256, 176>(base, stride, idx, n, dim, dst, block_k<true>); break;
     case kQ6_K: run<256, 210>(base, stride, idx, n, dim, dst, block_q6_k); break;
     default: TORCH_CHECK(false, "gguf_rows: GGUF type ", qtype, " is not supported");
   }

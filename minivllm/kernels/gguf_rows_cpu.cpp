@@ -77,51 +77,27 @@ inline void fifth_bits(const uint8_t* qh, uint8_t* bits) {
     for (int s = 0; s < 8; ++s) bits[8 * k + s] = (qh[k] >> s) & 1;
 }
 
-// Q4_0: d, then codes; w = d * (q - 8).
-inline void block_q4_0(const uint8_t* b, float* out) {
-  const float d = half_at(b);
-  const uint8_t* qs = b + 2;
-  for (int j = 0; j < 16; ++j) {
-    out[j] = d * static_cast<float>((qs[j] & 0x0F) - 8);
-    out[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
-  }
-}
-
-// Q4_1: d, m, then codes; w = d * q + m.
-inline void block_q4_1(const uint8_t* b, float* out) {
-  const float d = half_at(b), m = half_at(b + 2);
-  const uint8_t* qs = b + 4;
-  for (int j = 0; j < 16; ++j) {
-    out[j] = d * static_cast<float>(qs[j] & 0x0F) + m;
-    out[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
-  }
-}
-
-// Q5_0: d, the fifth bits, then codes; w = d * (q - 16).
-inline void block_q5_0(const uint8_t* b, float* out) {
-  const float d = half_at(b);
-  uint8_t high[32];
-  fifth_bits(b + 2, high);
-  const uint8_t* qs = b + 6;
+// Q4_0 / Q4_1 / Q5_0 / Q5_1: d, then (kMin: Q4_1, Q5_1) m, then (kFive: Q5_0, Q5_1)
+// the fifth bits, then the codes.  Without a min w = d * (q - bias), bias 8 or 16
+// (q4 or q5); with one w = d * q + m.
+template <bool kFive, bool kMin>
+inline void block_32(const uint8_t* b, float* out) {
+  const float d = half_at(b), m = kMin ? half_at(b + 2) : 0.f;
+  const uint8_t* after = b + (kMin ? 4 : 2);
+  uint8_t high[32] = {};
+  if (kFive) fifth_bits(after, high);
+  const uint8_t* qs = after + (kFive ? 4 : 0);
+  constexpr int kBias = kFive ? 16 : 8;
   for (int j = 0; j < 16; ++j) {
     const int lo = (qs[j] & 0x0F) | (high[j] << 4);
     const int hi = (qs[j] >> 4) | (high[j + 16] << 4);
-    out[j] = d * static_cast<float>(lo - 16);
-    out[j + 16] = d * static_cast<float>(hi - 16);
-  }
-}
-
-// Q5_1: d, m, the fifth bits, then codes; w = d * q + m.
-inline void block_q5_1(const uint8_t* b, float* out) {
-  const float d = half_at(b), m = half_at(b + 2);
-  uint8_t high[32];
-  fifth_bits(b + 4, high);
-  const uint8_t* qs = b + 8;
-  for (int j = 0; j < 16; ++j) {
-    const int lo = (qs[j] & 0x0F) | (high[j] << 4);
-    const int hi = (qs[j] >> 4) | (high[j + 16] << 4);
-    out[j] = d * static_cast<float>(lo) + m;
-    out[j + 16] = d * static_cast<float>(hi) + m;
+    if (kMin) {
+      out[j] = d * static_cast<float>(lo) + m;
+      out[j + 16] = d * static_cast<float>(hi) + m;
+    } else {
+      out[j] = d * static_cast<float>(lo - kBias);
+      out[j + 16] = d * static_cast<float>(hi - kBias);
+    }
   }
 }
 
@@ -270,10 +246,10 @@ at::Tensor gguf_rows(const at::Tensor& table, const at::Tensor& ids, int64_t qty
     case kF32: run<1, 4>(base, stride, idx, n, dim, dst, block_f32); break;
     case kF16: run<1, 2>(base, stride, idx, n, dim, dst, block_f16); break;
     case kBF16: run<1, 2>(base, stride, idx, n, dim, dst, block_bf16); break;
-    case kQ4_0: run<32, 18>(base, stride, idx, n, dim, dst, block_q4_0); break;
-    case kQ4_1: run<32, 20>(base, stride, idx, n, dim, dst, block_q4_1); break;
-    case kQ5_0: run<32, 22>(base, stride, idx, n, dim, dst, block_q5_0); break;
-    case kQ5_1: run<32, 24>(base, stride, idx, n, dim, dst, block_q5_1); break;
+    case kQ4_0: run<32, 18>(base, stride, idx, n, dim, dst, (block_32<false, false>)); break;
+    case kQ4_1: run<32, 20>(base, stride, idx, n, dim, dst, (block_32<false, true>)); break;
+    case kQ5_0: run<32, 22>(base, stride, idx, n, dim, dst, (block_32<true, false>)); break;
+    case kQ5_1: run<32, 24>(base, stride, idx, n, dim, dst, (block_32<true, true>)); break;
     case kQ8_0: run<32, 34>(base, stride, idx, n, dim, dst, block_q8_0); break;
     case kQ4_K: run<256, 144>(base, stride, idx, n, dim, dst, block_k<false>); break;
     case kQ5_K: run<256, 176>(base, stride, idx, n, dim, dst, block_k<true>); break;

@@ -86,18 +86,17 @@ inline Q4Weight q4_weight(const at::Tensor& qweight, const at::Tensor& scales, i
     q.N = row0;
     return q;
   }
-  int form = kPairForm;
-  int64_t N = 0;
-  if (scales.scalar_type() == at::kByte || scales.scalar_type() == at::kChar) {
-    TORCH_CHECK(K % kSuperInputs == 0, op, ": super-block scales need inputs a multiple of 256");
-    form = scales.scalar_type() == at::kChar ? kSixForm : kSuperForm;
-  } else {
-    TORCH_CHECK(scales.scalar_type() == at::kHalf, op, ": float16, uint8, int8 or int32 scales");
-    form = scales.dim() == 2 && scales.size(1) == groups ? kOffsetForm : kPairForm;
-  }
-  N = s_bytes / q4_tile_scale_bytes(form, groups) * kRowTile;
-  q.N = N;
-  q.segs.push_back(q4_segment(w, w_bytes, s, s_bytes, form, N, K, op));
+  const auto type = scales.scalar_type();
+  TORCH_CHECK(type == at::kHalf || type == at::kByte || type == at::kChar, op,
+              ": float16, uint8, int8 or int32 scales");
+  const int form = type == at::kChar   ? kSixForm
+                   : type == at::kByte ? kSuperForm
+                   : scales.dim() == 2 && scales.size(1) == groups ? kOffsetForm
+                                                                    : kPairForm;
+  TORCH_CHECK(form == kPairForm || form == kOffsetForm || K % kSuperInputs == 0, op,
+              ": super-block scales need inputs a multiple of 256");
+  q.N = s_bytes / q4_tile_scale_bytes(form, groups) * kRowTile;
+  q.segs.push_back(q4_segment(w, w_bytes, s, s_bytes, form, q.N, K, op));
   return q;
 }
 

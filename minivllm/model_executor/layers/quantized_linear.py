@@ -214,7 +214,7 @@ def _tile_form(part: GGUFWeight, lm_head: bool) -> str | None:
     if part.qtype in (QT.Q4_K, QT.Q5_K):
         return "super" if part.shape[1] % 256 == 0 else "pair"
     if part.qtype in (QT.Q4_0, QT.Q5_0):
-        return f"offset{part.qtype.name[1]}"
+        return "offset5" if part.qtype == QT.Q5_0 else "offset4"
     return "pair" if part.qtype in (QT.Q4_1, QT.Q5_1) else None
 
 

@@ -394,6 +394,42 @@ void q4_tile_portable(const Q4Args& p, int64_t tile) {
 }
 
 #if defined(__x86_64__)
+// Asks for group g's codes a few groups ahead of the kernel (`kPrefetchBytes`).
+inline void prefetch_group(const uint8_t* w, int64_t g) {
+  for (int c = 0; c < 4; ++c)
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + (g * 4 + c) * 64), _MM_HINT_T0);
+}
+
+// Group g's codes of a tile as the eight vectors the dot products take: octet c's
+// low nibbles in lo[c], high nibbles in hi[c], each byte 0..15, plus 16 where the
+// fifth bits' plane (kBits >= 5) has the bit and 32 where the sixth's (kBits 6,
+// at `hb + sixth`) has it.
+template <int kBits>
+__attribute__((target("avx512f,avx512bw")))
+inline void unpack_group_avx512(const uint8_t* __restrict w, const uint8_t* __restrict hb,
+                                int64_t sixth, int64_t g, __m512i lo[4], __m512i hi[4]) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = _mm512_loadu_si512(w + (g * 4 + c) * 64);
+    lo[c] = _mm512_and_si512(v, low);
+    hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    if (kBits >= 5) {
+      uint64_t m[2];
+      std::memcpy(m, hb + (g * 4 + c) * 16, 16);
+      const __m512i sixteen = _mm512_set1_epi8(16);
+      lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(m[0]), lo[c], sixteen);
+      hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(m[1]), hi[c], sixteen);
+    }
+    if (kBits == 6) {
+      uint64_t m[2];
+      std::memcpy(m, hb + sixth + (g * 4 + c) * 16, 16);
+      const __m512i thirty_two = _mm512_set1_epi8(32);
+      lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(m[0]), lo[c], thirty_two);
+      hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(m[1]), hi[c], thirty_two);
+    }
+  }
+}
+
 // NT rows (a compile-time count, even: whole tokens, so every accumulator stays
 // in a register).  Each group's dot products run as two independent chains (low
 // and high nibbles), and groups do not depend on each other, so the core
@@ -406,28 +442,14 @@ void q4_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb
                        const int8_t* __restrict xq, const float* __restrict xscale,
                        const float* __restrict xsum, float* __restrict out, int64_t K, int64_t N) {
   const int64_t groups = K / kQ4Group;
-  const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 acc[NT], accm[NT];
   for (int t = 0; t < NT; ++t) acc[t] = accm[t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     // The weights stream from memory once per step: ask for the bytes a few
     // groups ahead (into the next tile at the end; a prefetch never faults).
-    for (int c = 0; c < 4; ++c)
-      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + (g * 4 + c) * 64),
-                   _MM_HINT_T0);
+    prefetch_group(w, g);
     __m512i lo[4], hi[4];
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_loadu_si512(w + (g * 4 + c) * 64);
-      lo[c] = _mm512_and_si512(v, low);
-      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      if (kHigh) {  // the fifth bits: +16 where the plane's mask bit is set
-        uint64_t m[2];
-        std::memcpy(m, hb + (g * 4 + c) * 16, 16);
-        const __m512i sixteen = _mm512_set1_epi8(16);
-        lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(m[0]), lo[c], sixteen);
-        hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(m[1]), hi[c], sixteen);
-      }
-    }
+    unpack_group_avx512<kHigh ? 5 : 4>(w, hb, 0, g, lo, hi);
     __m512 scale, mins;
     group_scales_avx512(ss, sm, g, scale, mins);
     for (int t = 0; t < NT; ++t) {
@@ -459,29 +481,13 @@ void q6_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb
                        const int8_t* __restrict xq, const float* __restrict xscale,
                        const float* __restrict xsum16, float* __restrict out, int64_t K, int64_t N) {
   const int64_t groups = K / kQ4Group;
-  const __m512i low = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16),
-                thirty_two = _mm512_set1_epi8(32);
   const __m512 neg32 = _mm512_set1_ps(-32.f);
-  const uint8_t* h6 = hb + ss.sixth;
   __m512 acc[NT], accm[NT];
   for (int t = 0; t < NT; ++t) acc[t] = accm[t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    for (int c = 0; c < 4; ++c)
-      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + (g * 4 + c) * 64),
-                   _MM_HINT_T0);
+    prefetch_group(w, g);
     __m512i lo[4], hi[4];
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_loadu_si512(w + (g * 4 + c) * 64);
-      uint64_t m5[2], m6[2];
-      std::memcpy(m5, hb + (g * 4 + c) * 16, 16);
-      std::memcpy(m6, h6 + (g * 4 + c) * 16, 16);
-      lo[c] = _mm512_and_si512(v, low);
-      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(m5[0]), lo[c], sixteen);
-      hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(m5[1]), hi[c], sixteen);
-      lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(m6[0]), lo[c], thirty_two);
-      hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(m6[1]), hi[c], thirty_two);
-    }
+    unpack_group_avx512<6>(w, hb, ss.sixth, g, lo, hi);
     __m512 first, second;
     six_scales_avx512(sm, g, first, second);
     for (int t = 0; t < NT; ++t) {
@@ -536,10 +542,7 @@ void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
     __m256 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-      if (h == 0)  // the second half reads the tile again, from L1
-        for (int c = 0; c < 4; ++c)
-          _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + (g * 4 + c) * 64),
-                       _MM_HINT_T0);
+      if (h == 0) prefetch_group(w, g);  // the second half reads the tile again, from L1
       __m256i code[8];  // chunk c's low nibbles' codes at 2 c, high nibbles' at 2 c + 1
       for (int c = 0; c < 4; ++c) {
         const __m256i v =
@@ -598,10 +601,7 @@ void q6_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
     __m256 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-      if (h == 0)
-        for (int c = 0; c < 4; ++c)
-          _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + (g * 4 + c) * 64),
-                       _MM_HINT_T0);
+      if (h == 0) prefetch_group(w, g);
       __m256i code[8];  // octet c's low nibbles' codes at 2 c, high nibbles' at 2 c + 1
       for (int c = 0; c < 4; ++c) {
         const __m256i v =
@@ -648,8 +648,11 @@ void q6_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
   }
 }
 
-// One tile for every token block of `p`, on `Kernel::run<NT, kHigh>` (NT term rows,
-// 2 or 4: whole tokens; kHigh: the weight has a fifth bits' plane).
+// One tile for every token block of `p`, on `Kernel::run`: blocks of NT term rows
+// (8 where the kernel is wide and 8 are left, else 4 or 2: whole tokens; a row's
+// operations do not depend on NT, so neither do its bits), with 4-bit codes, a
+// fifth bits' plane, or the six form's two planes.  Wider blocks unpack a group's
+// codes (~12 to ~36 operations) once for more rows.
 template <typename Kernel>
 void q4_tile_blocks(const Q4Args& p, int64_t tile) {
   const int64_t groups = p.K / kQ4Group;
@@ -667,29 +670,47 @@ void q4_tile_blocks(const Q4Args& p, int64_t tile) {
     ss.form = kFloatForm;
     sm = reinterpret_cast<const uint8_t*>(decoded.data());
   }
-  for (int64_t m = 0; m < p.M; m += kTokTile) {
-    const bool two = std::min<int64_t>(kTokTile, p.M - m) == 2;  // rows come in pairs
+  const int kind = ss.form == kSixForm ? 6 : hb != nullptr ? 5 : 4;
+  for (int64_t m = 0; m < p.M;) {
+    const int64_t left = p.M - m;
+    const int nt = left >= 8 && Kernel::kWide ? 8 : left >= 4 ? 4 : 2;
     const int8_t* xq = p.a->q.data() + m * p.K;
     const float* xs = p.a->scale.data() + m * groups;
     const float* xsum = p.a->sum.data() + m * groups;
     float* out = p.out + (m / 2) * p.N + tile * kRowTile;
-    if (ss.form == kSixForm) {
-      const float* s16 = p.a->sum16.data() + m * (p.K / 16);
-      if (two) Kernel::template run6<2>(w, hb, ss, sm, xq, xs, s16, out, p.K, p.N);
-      else Kernel::template run6<4>(w, hb, ss, sm, xq, xs, s16, out, p.K, p.N);
-      continue;
-    }
-    if (two && hb != nullptr) Kernel::template run<2, true>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
-    else if (two) Kernel::template run<2, false>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
-    else if (hb != nullptr) Kernel::template run<4, true>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
-    else Kernel::template run<4, false>(w, hb, ss, sm, xq, xs, xsum, out, p.K, p.N);
+    const float* s16 = p.a->sum16.data() + m * (p.K / 16);
+    Kernel::run(nt, kind, w, hb, ss, sm, xq, xs, kind == 6 ? s16 : xsum, out, p.K, p.N);
+    m += nt;
   }
+}
+
+// `Kernel::template tile<NT, kBits>(args...)` for the runtime choice: NT term rows
+// (2, 4 or, where `Kernel::kWide`, 8) and 4-, 5- or 6-bit codes.
+template <typename Kernel, typename... Args>
+void run_tile(int nt, int kind, Args... args) {
+  auto rows = [&](auto bits) {
+    constexpr int kBits = decltype(bits)::value;
+    if (nt == 2) Kernel::template tile<2, kBits>(args...);
+    else if (nt == 4) Kernel::template tile<4, kBits>(args...);
+    else if constexpr (Kernel::kWide) Kernel::template tile<8, kBits>(args...);
+  };
+  if (kind == 6) rows(std::integral_constant<int, 6>{});
+  else if (kind == 5) rows(std::integral_constant<int, 5>{});
+  else rows(std::integral_constant<int, 4>{});
 }
 
 // The kernels `q4_tile_blocks` runs, one per code path.
 struct Avx512Q4 {
-  template <int NT, bool kHigh, typename... Args>
-  static void run(Args... args) { q4_tile_avx512_nt<NT, kHigh>(args...); }
+  static constexpr bool kWide = true;  // 8 term rows fit its 32 registers
+  template <int NT, int kBits, typename... Args>
+  static void tile(Args... args) {
+    if constexpr (kBits == 6) q6_tile_avx512_nt<NT>(args...);
+    else q4_tile_avx512_nt<NT, kBits == 5>(args...);
+  }
+  template <typename... Args>
+  static void run(int nt, int kind, Args... args) {
+    run_tile<Avx512Q4>(nt, kind, args...);
+  }
   __attribute__((target("avx512f"))) static void decode(const Q4Scales& s, const uint8_t* tile,
                                                         int64_t g, float* dst) {
     __m512 scale, mins;
@@ -697,13 +718,19 @@ struct Avx512Q4 {
     _mm512_storeu_ps(dst, scale);
     _mm512_storeu_ps(dst + 16, mins);
   }
-  template <int NT, typename... Args>
-  static void run6(Args... args) { q6_tile_avx512_nt<NT>(args...); }
 };
 
 struct Avx2Q4 {
-  template <int NT, bool kHigh, typename... Args>
-  static void run(Args... args) { q4_tile_avx2_nt<NT, kHigh>(args...); }
+  static constexpr bool kWide = false;  // 16 registers: 4 term rows at most
+  template <int NT, int kBits, typename... Args>
+  static void tile(Args... args) {
+    if constexpr (kBits == 6) q6_tile_avx2_nt<NT>(args...);
+    else q4_tile_avx2_nt<NT, kBits == 5>(args...);
+  }
+  template <typename... Args>
+  static void run(int nt, int kind, Args... args) {
+    run_tile<Avx2Q4>(nt, kind, args...);
+  }
   __attribute__((target("avx2,fma,f16c"))) static void decode(const Q4Scales& s,
                                                                const uint8_t* tile, int64_t g,
                                                                float* dst) {
@@ -714,8 +741,6 @@ struct Avx2Q4 {
       _mm256_storeu_ps(dst + 16 + 8 * half, mins);
     }
   }
-  template <int NT, typename... Args>
-  static void run6(Args... args) { q6_tile_avx2_nt<NT>(args...); }
 };
 #endif
 

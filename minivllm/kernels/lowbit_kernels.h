@@ -648,7 +648,22 @@ void q6_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
   }
 }
 
-// One tile for every token block of `p`, on `Kernel::run`: blocks of NT term rows
+// `Kernel::template tile<NT, kBits>(args...)` for the runtime choice: NT term rows
+// (2, 4 or, where `Kernel::kWide`, 8) and 4-, 5- or 6-bit codes.
+template <typename Kernel, typename... Args>
+void run_tile(int nt, int kind, Args... args) {
+  auto rows = [&](auto bits) {
+    constexpr int kBits = decltype(bits)::value;
+    if (nt == 2) Kernel::template tile<2, kBits>(args...);
+    else if (nt == 4) Kernel::template tile<4, kBits>(args...);
+    else if constexpr (Kernel::kWide) Kernel::template tile<8, kBits>(args...);
+  };
+  if (kind == 6) rows(std::integral_constant<int, 6>{});
+  else if (kind == 5) rows(std::integral_constant<int, 5>{});
+  else rows(std::integral_constant<int, 4>{});
+}
+
+// One tile for every token block of `p`, on `run_tile`: blocks of NT term rows
 // (8 where the kernel is wide and 8 are left, else 4 or 2: whole tokens; a row's
 // operations do not depend on NT, so neither do its bits), with 4-bit codes, a
 // fifth bits' plane, or the six form's two planes.  Wider blocks unpack a group's
@@ -679,24 +694,9 @@ void q4_tile_blocks(const Q4Args& p, int64_t tile) {
     const float* xsum = p.a->sum.data() + m * groups;
     float* out = p.out + (m / 2) * p.N + tile * kRowTile;
     const float* s16 = p.a->sum16.data() + m * (p.K / 16);
-    Kernel::run(nt, kind, w, hb, ss, sm, xq, xs, kind == 6 ? s16 : xsum, out, p.K, p.N);
+    run_tile<Kernel>(nt, kind, w, hb, ss, sm, xq, xs, kind == 6 ? s16 : xsum, out, p.K, p.N);
     m += nt;
   }
-}
-
-// `Kernel::template tile<NT, kBits>(args...)` for the runtime choice: NT term rows
-// (2, 4 or, where `Kernel::kWide`, 8) and 4-, 5- or 6-bit codes.
-template <typename Kernel, typename... Args>
-void run_tile(int nt, int kind, Args... args) {
-  auto rows = [&](auto bits) {
-    constexpr int kBits = decltype(bits)::value;
-    if (nt == 2) Kernel::template tile<2, kBits>(args...);
-    else if (nt == 4) Kernel::template tile<4, kBits>(args...);
-    else if constexpr (Kernel::kWide) Kernel::template tile<8, kBits>(args...);
-  };
-  if (kind == 6) rows(std::integral_constant<int, 6>{});
-  else if (kind == 5) rows(std::integral_constant<int, 5>{});
-  else rows(std::integral_constant<int, 4>{});
 }
 
 // The kernels `q4_tile_blocks` runs, one per code path.
@@ -706,10 +706,6 @@ struct Avx512Q4 {
   static void tile(Args... args) {
     if constexpr (kBits == 6) q6_tile_avx512_nt<NT>(args...);
     else q4_tile_avx512_nt<NT, kBits == 5>(args...);
-  }
-  template <typename... Args>
-  static void run(int nt, int kind, Args... args) {
-    run_tile<Avx512Q4>(nt, kind, args...);
   }
   __attribute__((target("avx512f"))) static void decode(const Q4Scales& s, const uint8_t* tile,
                                                         int64_t g, float* dst) {
@@ -726,10 +722,6 @@ struct Avx2Q4 {
   static void tile(Args... args) {
     if constexpr (kBits == 6) q6_tile_avx2_nt<NT>(args...);
     else q4_tile_avx2_nt<NT, kBits == 5>(args...);
-  }
-  template <typename... Args>
-  static void run(int nt, int kind, Args... args) {
-    run_tile<Avx2Q4>(nt, kind, args...);
   }
   __attribute__((target("avx2,fma,f16c"))) static void decode(const Q4Scales& s,
                                                                const uint8_t* tile, int64_t g,

@@ -115,7 +115,8 @@ def test_q4_gemm_matches_quantized_reference(isa: int, bits: int, form: str) -> 
         torch.ops.minivllm_cpu.q4_dequantize(codes, scale_min, k, torch.bfloat16),
         dense.to(torch.bfloat16),
     )
-    # token tiles of 4 with remainders; from 8 tokens AMX, in blocks of 8 (a partial one)
+    # blocks of 4 tokens (AVX-512; 2 on AVX2) with remainders of 2 and 1; from 8 tokens
+    # AMX, in blocks of 8 (a partial one)
     gen = torch.Generator().manual_seed(n * k + bits)
     for rows in (1, 3, 4, 6, 8, 17, 64):
         x = torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 3, k)  # groups' ranges
@@ -126,7 +127,7 @@ def test_q4_gemm_matches_quantized_reference(isa: int, bits: int, form: str) -> 
         # Only float32 rounding apart: the kernels sum the same terms in another order
         # (super: d * sc per 256 scaled after the group sums), which moves a result by
         # at most a few dozen ulps of the terms' absolute sum; one code off moves it by
-        # about 1/k of that sum, a thousand times more.
+        # about 1/k of that sum, some 250 times the bound at k = 512.
         terms = xq.abs() @ (dense - mins).abs().T + x.abs() @ mins.abs().T
         assert ((got - want).abs() <= 64 * torch.finfo(torch.float32).eps * terms).all()
         # Two int8 terms: close to the float product (one term alone is ~1e-2 off).

@@ -10,13 +10,16 @@ rows: two int8 activation terms; AVX-512 and AVX2: one int16 code per input);
 runs with one scale per row and with Q8_0's float16 scales per 32 inputs
 (``group``: the file's form, as the kernels read it on CPUs without VNNI/AMX), the
 two in turns; on the AVX-512 path also ``coarse``: the LM head's batches on
-``q8_gemm_coarse`` (one int8 term a token, row scales).  Best of a few calls, 2
+``q8_gemm_coarse`` (one int8 term a token, row scales), and ``tiled 1`` /
+``tiled 2``: the same head held in 16-row tiles on ``q8_tiled_gemm`` with one or two
+int8 terms a token (`quantized_linear.tiled_head_kernel`).  Best of a few calls, 2
 threads unless ``--threads``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -45,6 +48,9 @@ def main() -> None:
     if not lowbit_cpu.available():
         raise SystemExit("minivllm's CPU kernels are not built here (no C++ compiler?)")
     torch.set_num_threads(args.threads)
+    # As in the engine (`minivllm.worker`): large outputs reuse freed blocks instead
+    # of faulting in fresh pages every call (32 rows of a 262k head: 33 MB).
+    lowbit_cpu.install_block_cache(1 << 30)
     print(f"code path {lowbit_cpu.isa(args.isa)} (0 portable, 1 AVX2, 2 AVX-512)")
     gen = torch.Generator().manual_seed(0)
     for n, k in [(262144, 640), (49152, 576), (2048, 1536)]:
@@ -55,7 +61,8 @@ def main() -> None:
             "row": w.float() * row[:, None],
             "group": (w.float().view(n, -1, 32) * group.float()[..., None]).view(n, k),
         }
-        for rows in (1, 8, 32):
+        tiles = lowbit_cpu.pack_q8_tiles(w.clone()) if n % 16 == 0 else None
+        for rows in (1, 8, 32, 64):
             x = torch.randn(rows, k, generator=gen)
             x[:, 3] *= 20  # an outlier input, as real hidden states have
             for name, scale in (("row", row), ("group", group)):
@@ -68,15 +75,20 @@ def main() -> None:
                     f"   relative error {err:.1e}"
                 )
             if args.isa in (-1, 2) and lowbit_cpu.isa() == 2:
-                coarse = torch.ops.minivllm_cpu.q8_gemm_coarse
-                got = coarse(x, w, row)
-                ref = x @ dense["row"].T
-                err = ((got - ref).norm() / ref.norm()).item()
-                t = best_of((x, w, row), 3 if n > 10**5 else 10, coarse)
-                print(
-                    f"{n} x {k}, {rows:2d} rows, coarse:       {t * 1e3:8.2f} ms"
-                    f"   relative error {err:.1e}"
-                )
+                one_term = [("coarse", torch.ops.minivllm_cpu.q8_gemm_coarse, w)]
+                if tiles is not None:
+                    for terms in (1, 2):
+                        op = functools.partial(torch.ops.minivllm_cpu.q8_tiled_gemm, terms=terms)
+                        one_term.append((f"tiled {terms}", op, tiles))
+                for name, op, weight in one_term:
+                    got = op(x, weight, row)
+                    ref = x @ dense["row"].T
+                    err = ((got - ref).norm() / ref.norm()).item()
+                    t = best_of((x, weight, row), 3 if n > 10**5 else 10, op)
+                    print(
+                        f"{n} x {k}, {rows:2d} rows, {name}:{' ' * (13 - len(name))}"
+                        f"{t * 1e3:8.2f} ms   relative error {err:.1e}"
+                    )
 
 
 if __name__ == "__main__":

@@ -130,8 +130,9 @@ def install(timers: Timers, engine: Any) -> None:
     for name in ("_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm", "_int_mm"):
         timers.wrap(torch, name, gemm_phase)
     if lowbit_cpu is not None and lowbit_cpu.available():  # minivllm's own kernels
-        for name in ("q4_gemm", "q8_gemm"):
-            timers.wrap(torch.ops.minivllm_cpu, name, gemm_phase)
+        for name in ("q4_gemm", "q8_gemm", "q8_gemm_coarse", "q8_tiled_gemm"):
+            if hasattr(torch.ops.minivllm_cpu, name):  # a baseline tree may lack one
+                timers.wrap(torch.ops.minivllm_cpu, name, gemm_phase)
     timers.wrap(cpu_gemm, "onednn_linear", gemm_phase)
     timers.wrap(F, "linear", gemm_phase)
     timers.wrap(CpuSdpaBackend, "write_kv", "attention")

@@ -74,6 +74,31 @@ at::Tensor q8_gemm_coarse(const at::Tensor& x, const at::Tensor& qweight, const 
   return out;
 }
 
+// Logits from a q8-tiled LM head (`q8_tiled_gemm_raw`): `tiles` uint8 [N / 16, K / 4,
+// 64] (lowbit_kernels.h's q8 tiles), one float32 scale per row, `terms` int8 terms a
+// token (1 or 2); AVX-512 VNNI only.
+at::Tensor q8_tiled_gemm(const at::Tensor& x, const at::Tensor& tiles, const at::Tensor& scale,
+                         int64_t terms) {
+  const at::Tensor xf = float_rows(x);
+  const int64_t M = xf.size(0), K = xf.size(1);
+  TORCH_CHECK(minivllm_cpu::active_isa() == kAvx512, "q8_tiled_gemm: needs AVX-512 VNNI");
+  TORCH_CHECK(K % kQ8Group == 0, "q8_tiled_gemm: inputs must be a multiple of 64");
+  TORCH_CHECK(tiles.scalar_type() == at::kByte && tiles.is_contiguous() && tiles.dim() == 3 &&
+                  tiles.size(1) == K / 4 && tiles.size(2) == 64,
+              "q8_tiled_gemm: tiles must be uint8 [outputs / 16, inputs / 4, 64]");
+  const int64_t N = tiles.size(0) * 16;
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == N,
+              "q8_tiled_gemm: one float32 scale per output row");
+  TORCH_CHECK(terms == 1 || terms == 2, "q8_tiled_gemm: one or two int8 terms a token");
+  at::Tensor out = at::empty({M, N}, xf.options());
+  thread_local QuantizedRows a;
+#if defined(__x86_64__)
+  q8_tiled_gemm_raw(xf.data_ptr<float>(), M, K, tiles.data_ptr<uint8_t>(), scale.data_ptr<float>(),
+                    N, out.data_ptr<float>(), a, terms);
+#endif
+  return out;
+}
+
 // Tile t's rows as dense values, one scalar at a time (any CPU; any dtype via float).
 void dequantize_tile_portable(const uint8_t* w, const uint8_t* hb, const Q4Scales& sm, int64_t K,
                               int64_t t, float* o) {
@@ -302,6 +327,7 @@ TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("q4_gemm(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
   m.def("q8_gemm(Tensor x, Tensor qweight, Tensor row_scale, bool amx=True) -> Tensor");
   m.def("q8_gemm_coarse(Tensor x, Tensor qweight, Tensor row_scale) -> Tensor");
+  m.def("q8_tiled_gemm(Tensor x, Tensor tiles, Tensor row_scale, int terms) -> Tensor");
   m.def("q4_dequantize(Tensor qweight, Tensor scales, int inputs, ScalarType dtype) -> Tensor");
   m.def("int8_mm_scale(Tensor acc, Tensor hi, Tensor lo, Tensor scale) -> Tensor");
   m.def("lowbit_isa(int force) -> int", lowbit_isa);
@@ -312,6 +338,7 @@ TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {
   m.impl("q4_gemm", q4_gemm);
   m.impl("q8_gemm", q8_gemm);
   m.impl("q8_gemm_coarse", q8_gemm_coarse);
+  m.impl("q8_tiled_gemm", q8_tiled_gemm);
   m.impl("q4_dequantize", q4_dequantize);
   m.impl("int8_mm_scale", int8_mm_scale);
 }

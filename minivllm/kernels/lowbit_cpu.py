@@ -197,6 +197,10 @@ def _register_fakes() -> None:
         "minivllm_cpu::q8_gemm_coarse",
         lambda x, qweight, row_scale: x.new_empty(x.shape[0], qweight.shape[0]),
     )
+    torch.library.register_fake(
+        "minivllm_cpu::q8_tiled_gemm",
+        lambda x, tiles, row_scale, terms: x.new_empty(x.shape[0], tiles.shape[0] * ROW_TILE),
+    )
     torch.library.register_fake("minivllm_cpu::int8_mm_scale", scale_fake)
     torch.library.register_fake("minivllm_cpu::decode_attention", attention_fake)
     torch.library.register_fake("minivllm_cpu::decoder_layer", layer_fake)
@@ -340,6 +344,22 @@ def _per_tile(values: torch.Tensor) -> torch.Tensor:
     n = values.shape[0]
     tiled = values.view(n // ROW_TILE, ROW_TILE, *values.shape[1:])
     return tiled.movedim(1, -1).contiguous()
+
+
+def pack_q8_tiles(w8: torch.Tensor) -> torch.Tensor:
+    """Row-major int8 codes ``[n, k]`` (n a multiple of 16, k of 4) as the q8 tiles of
+    lowbit_kernels.h, uint8 ``[n / 16, k / 4, 64]``: in tile t, step c, byte 4 r + j is
+    row 16 t + r's code for input 4 c + j plus 128 (one copy; the sign flipped in place)."""
+    n, k = w8.shape
+    tiled = w8.view(n // ROW_TILE, ROW_TILE, k // 4, 4).transpose(1, 2).contiguous()
+    return tiled.view(torch.uint8).bitwise_xor_(0x80).view(n // ROW_TILE, k // 4, 64)
+
+
+def unpack_q8_tiles(tiles: torch.Tensor) -> torch.Tensor:
+    """`pack_q8_tiles` undone: the int8 codes ``[n, k]``, row-major."""
+    t, steps, _ = tiles.shape
+    codes = (tiles ^ 0x80).view(torch.int8).view(t, steps, ROW_TILE, 4)
+    return codes.transpose(1, 2).reshape(t * ROW_TILE, steps * 4)
 
 
 def pack_q4(
@@ -506,9 +526,11 @@ __all__ = [
     "pack_q4_offset",
     "pack_q4_super",
     "pack_q6",
+    "pack_q8_tiles",
     "pack_q4_stack",
     "q4_form",
     "q4_inputs",
     "q4_outputs",
     "start_building",
+    "unpack_q8_tiles",
 ]

@@ -826,6 +826,22 @@ void q8_gemm_coarse_raw(const float* x, int64_t M, int64_t K, const int8_t* w,
     q8_rows_avx512<false>(p, 16 * t0, std::min(N, 16 * t1));
   });
 }
+
+// Logits for M tokens from a q8-tiled LM head (`q8_tiled_block_avx512`) on ATen's
+// threads: one int8 term a token (`terms` 1), or two (x and what its rounding left:
+// near the exact product, for the same weight bytes).
+void q8_tiled_gemm_raw(const float* x, int64_t M, int64_t K, const uint8_t* w,
+                       const float* row_scale, int64_t N, float* out, QuantizedRows& a,
+                       int64_t terms) {
+  const int64_t group = q8_act_group(K, kAvx512);
+  if (terms == 2) quantize_rows(x, M, K, group, kAvx512, a);
+  else quantize_rows_coarse(x, M, K, group, kAvx512, a);
+  const Q8Args p{nullptr, row_scale, nullptr, &a, out, terms * M, K, N, a.fix.data(), group};
+  at::parallel_for(0, N / 16, 4, [&](int64_t t0, int64_t t1) {
+    if (terms == 2) q8_tiled_rows_avx512<true>(p, w, t0, t1);
+    else q8_tiled_rows_avx512<false>(p, w, t0, t1);
+  });
+}
 #endif
 
 }  // namespace

@@ -184,10 +184,25 @@ def test_parts_of_different_types_stack_in_their_own_forms(tensors: list[Any]) -
 def test_q6_k_head_keeps_the_int8_form(weights: list[GGUFWeight]) -> None:
     # A Q6_K LM head stays int8 (its batches run the one-term int8 kernel), while
     # the same tensor as a layer's weight is computed in the six form (no AMX).
+    # Where the tiled head kernel runs (AVX-512 VNNI, no AMX) the int8 codes are held
+    # in its 16-row tiles, and its logits, refined, are exact where sampling looks.
     w = next(w for w in weights if w.qtype == QT.Q6_K)
-    assert ql.quantize_parts([w], lm_head=True)[0] == ql.INT8
+    kind, qweight, scales = ql.quantize_parts([w], lm_head=True)
+    tiled = ql.tiled_head_kernel() and w.shape[0] % 16 == 0
+    assert kind == (ql.INT8_TILES if tiled else ql.INT8)
     six = ql.native_kernels() and not ql.q8_on_amx()
     assert ql.quantize_parts([w])[0] == (ql.Q4 if six else ql.INT8)
+    x = torch.randn(5, w.shape[1])
+    exact = x @ _reference(w).T
+    dense = ql.dequantize_weight(kind, qweight, scales)
+    # the int8 codes round the file's values once (a step of 1/127 of a row's largest)
+    torch.testing.assert_close(dense, _reference(w), rtol=0, atol=float(dense.abs().max()) / 200)
+    for rows in (1, 5):  # one token and a batch run the same kernel
+        got = ql.lowbit_logits(x[:rows], qweight, scales, kind)
+        ql.refine_top_logits(x[:rows], got, w.data, int(w.qtype), None)
+        assert torch.equal(got.argmax(-1), exact[:rows].argmax(-1))
+        top = exact[:rows].topk(4, dim=-1).indices
+        torch.testing.assert_close(got.gather(1, top), exact[:rows].gather(1, top))
 
 
 def test_refined_top_logits_are_exact_per_type(weights: list[GGUFWeight]) -> None:

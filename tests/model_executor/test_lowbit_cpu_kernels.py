@@ -455,3 +455,38 @@ def test_block_cache_reuses_large_blocks_within_its_limit() -> None:
         assert int(small.sum()) == 999 * 1000 // 2
     finally:
         lowbit_cpu.install_block_cache(envs.cpu_block_cache_bytes())
+
+
+@pytest.mark.parametrize("k", [576, 640, 2048])
+def test_q8_tiled_gemm_matches_one_and_two_term_references(k: int) -> None:
+    """The tiled LM head kernel (AVX-512 VNNI): x as one int8 term per 256 / 128 / 64
+    inputs, or two (x and what its rounding left), against the int8 codes the tiles
+    hold; every block of term rows (8, 4, 2, 1; four tiles at once under 4 rows)
+    gives a token the logits it gets alone."""
+    if lowbit_cpu.isa() < 2:
+        pytest.skip("the tiled head kernel is AVX-512 VNNI only")
+    n = 96  # six tiles: four at once and a tail of two under 4 term rows
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    tiles = lowbit_cpu.pack_q8_tiles(w.clone())
+    assert torch.equal(lowbit_cpu.unpack_q8_tiles(tiles), w)
+    assert tiles[0, 1, 4 * 3 + 2] == int(w[3, 4 + 2]) + 128  # row 3, input 6
+    scale = torch.rand(n, generator=gen) * 0.01
+    dense = w.float() * scale[:, None]
+    group = _q8_act_group(k)
+    for rows in (1, 2, 3, 5, 15, 17):
+        x = torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 3, k)
+        x[:, 9] *= 30
+        exact = x @ dense.T
+        for terms, seen in ((1, _one_term(x, group)), (2, _quantized(x, group))):
+            got = torch.ops.minivllm_cpu.q8_tiled_gemm(x, tiles, scale, terms)
+            # float32 sums in another order than the reference's: within 64 ulps of
+            # the terms' absolute sum (one code off moves a result by ~1/k of it)
+            bound = 64 * torch.finfo(torch.float32).eps * (seen.abs() @ dense.abs().T)
+            assert ((got - seen @ dense.T).abs() <= bound).all(), (terms, rows)
+            err = ((got - exact).norm() / exact.norm()).item()
+            # one term ~1% of the product; two ~1/127 of that
+            assert (1e-3 < err < 3e-2) if terms == 1 else err < 3e-4, (terms, err)
+            for r in range(rows):
+                alone = torch.ops.minivllm_cpu.q8_tiled_gemm(x[r : r + 1], tiles, scale, terms)
+                assert torch.equal(got[r : r + 1], alone)

@@ -94,12 +94,13 @@ INT4_MAX_TOKENS = 256
 Q4_MAX_TOKENS = 64
 """Most rows minivllm's own int4 kernel (`Q4`) computes; more rows expand the weight."""
 
-INT4, INT8, Q4 = 4, 8, 5
+INT4, INT8, Q4, INT8_TILES = 4, 8, 5, 9
 """Low-bit forms: ``INT4`` torch's packed int4 (``_weight_int4pack_mm_for_cpu``),
 ``INT8`` row-major int8 codes with one scale per row, or (Q8_0 on minivllm's
 kernels, `q8_0_native`) with the file's float16 scale per 32 inputs, ``Q4`` int4
 codes tiled for minivllm's own kernels (`lowbit_cpu`: int8 activations, VNNI/AVX2
-dot products)."""
+dot products), ``INT8_TILES`` an LM head's int8 codes with one float32 scale per
+row in 16-row tiles (`lowbit_cpu.pack_q8_tiles`, `tiled_head_kernel`)."""
 GROUP = 32
 _N_BLOCK = 64  # torch's CPU int4 packing interleaves output rows in blocks of 64
 
@@ -203,7 +204,11 @@ def quantize_parts(
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
         return INT4, packed, scale_zero.to(dtype)
-    return INT8, *_int8_rows(parts, dtype)
+    w8, scale = _int8_rows(parts, dtype)
+    if lm_head and tiled_head_kernel() and w8.shape[0] % lowbit_cpu.ROW_TILE == 0:
+        if w8.shape[1] % lowbit_cpu.Q8_GROUP == 0:
+            return INT8_TILES, lowbit_cpu.pack_q8_tiles(w8), scale.float()
+    return INT8, w8, scale
 
 
 def _tile_form(part: GGUFWeight, lm_head: bool) -> str | None:
@@ -301,6 +306,8 @@ def dequantize_weight(
     kind: int, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """The dense ``[out, in]`` weight in ``dtype``."""
+    if kind == INT8_TILES:
+        return lowbit_cpu.unpack_q8_tiles(qweight).to(dtype) * scales.to(dtype)[:, None]
     if kind == INT8 and grouped_int8(scales):
         return scaled_rows(qweight, scales).to(dtype)
     if kind == INT8:
@@ -363,6 +370,8 @@ def lowbit_linear_impl(
     flat = x.reshape(-1, x.shape[-1])
     rows = flat.shape[0]
     low, high = INT8_INT_MM_TOKENS
+    if kind == INT8_TILES:  # an LM head's tiles
+        return _as_output(tiled_head_mm(flat, qweight, scales), x, bias)
     if envs.batch_invariant():
         return _as_output(_row_independent_mm(flat, qweight, scales, kind), x, bias)
     if kind == Q4:
@@ -503,8 +512,31 @@ def coarse_head_kernel() -> bool:
     16 / 32 / 64 rows, against the int16-code kernel and ``torch._int_mm`` on two
     terms: Gemma 3's 262144 x 640 head 27 / 59 / 120 against 44 / 95 / 167 and
     36 / 84 / 151; a 49152 x 2048 head 9 / 16 / 28 against 18 / 38 / 66 and
-    20 / 29 / 46."""
+    20 / 29 / 46.  A head whose rows fill 16-row tiles is held as `INT8_TILES`
+    instead (`tiled_head_kernel`); this row-major form serves the others."""
     return native_kernels() and lowbit_cpu.isa() == 2 and not lowbit_cpu.amx()
+
+
+def tiled_head_kernel() -> bool:
+    """Whether a GGUF LM head converted to int8 is held as `INT8_TILES` and every
+    batch of it runs ``minivllm_cpu::q8_tiled_gemm`` (where `coarse_head_kernel`
+    holds: AVX-512 VNNI, no AMX; `tiled_head_mm`).  16 rows a vector, so no
+    horizontal sums (Gemma 3's 640-input rows spent most of the coarse kernel's time
+    on them).  2-core Zen 4, ``python benchmarks/q8_kernel.py``, Gemma 3's 262144 x 640
+    head: one row (two terms) 5.5 ms against 5.4 on the int16-code kernel, 32 rows
+    (one term) 18.2 against 33.9 on the coarse one."""
+    return coarse_head_kernel()
+
+
+def tiled_head_mm(flat: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Approximate logits from an `INT8_TILES` head: under `INT_MM_MIN_TOKENS` rows
+    (a step at memory speed, so the products cost nothing) with two int8 terms a
+    token, about as close to the exact product as the int16-code kernel; from there
+    with one, like the coarse kernel (~1-2% of a row's logits, half the products).
+    Either way a token's logits do not depend on the tokens beside it as long as the
+    term count is the same; ``VLLM_BATCH_INVARIANT=1`` takes two at every size."""
+    two = flat.shape[0] < INT_MM_MIN_TOKENS or envs.batch_invariant()
+    return torch.ops.minivllm_cpu.q8_tiled_gemm(flat, tiles, scales, 2 if two else 1)
 
 
 def lowbit_logits_impl(
@@ -522,9 +554,13 @@ def lowbit_logits_impl(
     ``torch._int_mm``).  The refinement recomputes the top logits whichever kernel
     ran (set by how many rows the batch has); the others differ between the paths by
     their rounding.  Fewer rows, int4 heads and ``VLLM_BATCH_INVARIANT=1`` use
-    `lowbit_linear`.
+    `lowbit_linear`.  An `INT8_TILES` head runs its one kernel at every row count
+    (`tiled_head_mm`: two int8 terms under `INT_MM_MIN_TOKENS` rows, one from there).
     """
     flat = x.reshape(-1, x.shape[-1])
+    if kind == INT8_TILES:
+        out = tiled_head_mm(flat, qweight, scales)
+        return out.view(*x.shape[:-1], out.shape[-1])
     if (
         kind != INT8
         or grouped_int8(scales)
@@ -544,7 +580,7 @@ def lowbit_logits_impl(
 def _lowbit_logits_fake(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, kind: int
 ) -> torch.Tensor:
-    rows = scales.shape[1] if kind == INT4 else qweight.shape[0]
+    rows = {INT4: scales.shape[1], INT8_TILES: scales.shape[0]}.get(kind, qweight.shape[0])
     return x.new_empty(*x.shape[:-1], rows, dtype=torch.float32)
 
 
@@ -639,6 +675,7 @@ __all__ = [
     "LOWBIT_MAX_TOKENS",
     "REFINE_TOP",
     "INT_MM_MIN_TOKENS",
+    "INT8_TILES",
     "PLAIN_TABLE",
     "dequantize_weight",
     "lowbit_linear",
@@ -648,4 +685,5 @@ __all__ = [
     "grouped_int8",
     "quantize_parts",
     "refine_top_logits",
+    "tiled_head_kernel",
 ]

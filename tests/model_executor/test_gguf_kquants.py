@@ -192,12 +192,12 @@ def test_q6_k_head_keeps_the_int8_form(weights: list[GGUFWeight]) -> None:
     assert kind == (ql.INT8_TILES if tiled else ql.INT8)
     six = ql.native_kernels() and not ql.q8_on_amx()
     assert ql.quantize_parts([w])[0] == (ql.Q4 if six else ql.INT8)
-    x = torch.randn(5, w.shape[1])
+    x = torch.randn(17, w.shape[1])
     exact = x @ _reference(w).T
     dense = ql.dequantize_weight(kind, qweight, scales)
     # the int8 codes round the file's values once (a step of 1/127 of a row's largest)
     torch.testing.assert_close(dense, _reference(w), rtol=0, atol=float(dense.abs().max()) / 200)
-    for rows in (1, 5):  # one token and a batch run the same kernel
+    for rows in (1, 5, 17):  # two int8 terms a token under 16 rows, one from 16
         got = ql.lowbit_logits(x[:rows], qweight, scales, kind)
         ql.refine_top_logits(x[:rows], got, w.data, int(w.qtype), None)
         assert torch.equal(got.argmax(-1), exact[:rows].argmax(-1))

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from minivllm.envs import cache_root
+from minivllm.kernels.torch_compiler import import_torch_compiler
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -67,6 +68,7 @@ def _trust() -> None:
 def _applies() -> bool:
     if platform.machine() not in ("x86_64", "AMD64") or "TORCHINDUCTOR_VEC_ISA_OK" in os.environ:
         return False
+    import_torch_compiler()
     from torch._inductor import config
 
     return config.cpp.vec_isa_ok is None

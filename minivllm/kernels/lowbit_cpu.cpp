@@ -220,27 +220,39 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dequantize_tile_avx512
 }
 #endif
 
-// The dense [N, K] weight of a q4- or q5-tiled one, in `dtype` (large batches and
+// Rows [row0, row0 + rows) of the dense [N, K] weight of a q4- or q5-tiled one (all
+// of it with rows < 0), in `dtype` (large batches, a band of rows at a time, and
 // tests), on ATen's threads: an AVX-512 CPU writes float32 or bfloat16 rows directly
 // (Llama-3.2-1B's 16384 x 2048 gate/up weight: 68 ms in scalar code, 18 here), others
 // float32 then cast.
 at::Tensor q4_dequantize(const at::Tensor& qweight, const at::Tensor& scales, int64_t K,
-                         at::ScalarType dtype) {
+                         at::ScalarType dtype, int64_t row0, int64_t rows) {
   const Q4Weight q = q4_weight(qweight, scales, K, "q4_dequantize");
+  if (rows < 0) rows = q.N - row0;
+  TORCH_CHECK(row0 >= 0 && rows > 0 && row0 + rows <= q.N && row0 % kRowTile == 0 &&
+                  rows % kRowTile == 0,
+              "q4_dequantize: rows [", row0, ", ", row0 + rows, ") are not whole 16-row tiles of ",
+              q.N);
   // Tile t of the weight: its segment, and its number and rows' offset there.
   auto tile = [&](int64_t t) {
     for (const Q4Segment& s : q.segs)
       if (t < (s.row0 + s.rows) / kRowTile) return std::make_pair(&s, t - s.row0 / kRowTile);
     TORCH_CHECK(false, "q4_dequantize: tile past the weight");
   };
+  const int64_t first = row0 / kRowTile, last = (row0 + rows) / kRowTile;
+  // The kernels write a segment's tile `local` at rows 16 local on from the pointer
+  // they get: the place of the segment's row 0 in the output (whose row 0 is row0).
+  auto seg_rows = [&](const at::Tensor& out, const Q4Segment* s) {
+    return static_cast<char*>(out.data_ptr()) + (s->row0 - row0) * K * out.element_size();
+  };
 #if defined(__x86_64__)
   const bool bf16 = dtype == at::kBFloat16;
   if (minivllm_cpu::active_isa() == kAvx512 && (dtype == at::kFloat || bf16)) {
-    at::Tensor out = at::empty({q.N, K}, qweight.options().dtype(dtype));
-    at::parallel_for(0, q.N / kRowTile, 1, [&](int64_t t0, int64_t t1) {
+    at::Tensor out = at::empty({rows, K}, qweight.options().dtype(dtype));
+    at::parallel_for(first, last, 1, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const auto [s, local] = tile(t);
-        void* o = static_cast<char*>(out.data_ptr()) + s->row0 * K * out.element_size();
+        void* o = seg_rows(out, s);
         if (bf16) dequantize_tile_avx512<true>(s->w, s->hb, s->scales, K, local, o);
         else dequantize_tile_avx512<false>(s->w, s->hb, s->scales, K, local, o);
       }
@@ -248,11 +260,12 @@ at::Tensor q4_dequantize(const at::Tensor& qweight, const at::Tensor& scales, in
     return out;
   }
 #endif
-  at::Tensor out = at::empty({q.N, K}, qweight.options().dtype(at::kFloat));
-  at::parallel_for(0, q.N / kRowTile, 1, [&](int64_t t0, int64_t t1) {
+  at::Tensor out = at::empty({rows, K}, qweight.options().dtype(at::kFloat));
+  at::parallel_for(first, last, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const auto [s, local] = tile(t);
-      dequantize_tile_portable(s->w, s->hb, s->scales, K, local, out.data_ptr<float>() + s->row0 * K);
+      auto* o = reinterpret_cast<float*>(seg_rows(out, s));
+      dequantize_tile_portable(s->w, s->hb, s->scales, K, local, o);
     }
   });
   return out.to(dtype);
@@ -328,7 +341,9 @@ TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("q8_gemm(Tensor x, Tensor qweight, Tensor row_scale, bool amx=True) -> Tensor");
   m.def("q8_gemm_coarse(Tensor x, Tensor qweight, Tensor row_scale) -> Tensor");
   m.def("q8_tiled_gemm(Tensor x, Tensor tiles, Tensor row_scale, int terms) -> Tensor");
-  m.def("q4_dequantize(Tensor qweight, Tensor scales, int inputs, ScalarType dtype) -> Tensor");
+  m.def(
+      "q4_dequantize(Tensor qweight, Tensor scales, int inputs, ScalarType dtype, int row0=0, "
+      "int rows=-1) -> Tensor");
   m.def("int8_mm_scale(Tensor acc, Tensor hi, Tensor lo, Tensor scale) -> Tensor");
   m.def("lowbit_isa(int force) -> int", lowbit_isa);
   m.def("lowbit_amx(int force) -> int", lowbit_amx);

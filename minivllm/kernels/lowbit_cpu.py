@@ -25,7 +25,8 @@ Ops (all CPU, float32 out):
   with one scale per output row (or Q8_0's per 32 inputs); from 3 rows on AMX tiles
   where the CPU has them, unless ``amx`` is false (a row's result then does not
   depend on how many rows the call has);
-- ``q4_dequantize(qweight, scales, K, dtype)``: the dense weight of a tiled one;
+- ``q4_dequantize(qweight, scales, K, dtype, row0=0, rows=-1)``: the dense weight of
+  a tiled one, or its rows ``[row0, row0 + rows)`` (whole 16-row tiles);
 - ``int8_mm_scale(acc, hi, lo, scale)``: the float32 rows of an int8 x int8 product
   made for two activation terms (`quantized_linear.int8_act_mm`), in one pass;
 - ``top_logit_indices(logits, k)``, ``greedy_tokens(logits, invalid, none)`` and

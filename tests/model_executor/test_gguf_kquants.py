@@ -367,3 +367,41 @@ def test_tied_q8_0_table_is_held_once(
     assert torch.equal(logits.argmax(-1), exact.argmax(-1))
     top = exact.topk(4, dim=-1).indices
     torch.testing.assert_close(logits.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-4)
+
+
+def test_large_batches_expand_the_weight_a_band_of_rows_at_a_time(
+    weights: list[GGUFWeight], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A prefill chunk's GEMM on an expanded weight makes it 64 rows at a time here
+    # (the smallest band) instead of whole (which stayed resident as allocator cache:
+    # 64 MiB for a 1B model's gate/up), with the same products in every column.
+    monkeypatch.setattr(ql, "EXPAND_BAND_BYTES", 1)
+    stacked = [w for w in weights if w.qtype in (QT.Q4_K, QT.Q6_K) and w.shape[1] == 2048]
+    cases = [[w] for w in weights] + ([stacked[:2]] if len(stacked) >= 2 else [])
+    expanded: list[int] = []
+    real = torch.ops.minivllm_cpu.q4_dequantize if ql.native_kernels() else None
+
+    def counting(qweight, scales, k, dtype, row0=0, rows=-1):  # noqa: ANN001
+        expanded.append(rows if rows >= 0 else qweight.shape[0])
+        return real(qweight, scales, k, dtype, row0, rows)
+
+    if real is not None:
+        monkeypatch.setattr(torch.ops.minivllm_cpu, "q4_dequantize", counting)
+    banded = 0
+    for parts in cases:
+        kind, qweight, scales = ql.quantize_parts(parts)
+        if kind not in (ql.Q4, ql.INT8):
+            continue
+        ref = torch.cat([_reference(w) for w in parts])
+        x = torch.randn(70, ref.shape[1])
+        expanded.clear()
+        got = ql.expanded_mm(x, kind, qweight, scales, torch.float32)
+        bands = list(expanded)
+        whole = x @ ql.dequantize_weight(kind, qweight, scales).T
+        torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-5)
+        # Against the file's own values (int8 forms round a weight by half a step).
+        assert (got - x @ ref.T).norm() / (x @ ref.T).norm() < 1e-2, parts[0].qtype.name
+        if kind == ql.Q4 and ref.shape[0] > 64:
+            assert max(bands) == 64 and sum(bands) == ref.shape[0], bands
+            banded += 1
+    assert banded >= 3 or not ql.native_kernels()

@@ -157,6 +157,15 @@ def test_stacked_weight_computes_each_segment_as_alone(isa: int) -> None:
         got = torch.ops.minivllm_cpu.q4_gemm(x, codes, scales)
         alone = [torch.ops.minivllm_cpu.q4_gemm(x, *p[:2]) for p in parts]
         assert torch.equal(got, torch.cat(alone, dim=1))
+    # Bands of whole 16-row tiles (what a large batch expands at a time), across the
+    # segments' borders: the weight's own rows, in float32 and bfloat16.
+    for row0, rows in ((0, 16), (16, 64), (32, 16), (48, 48), (80, 16)):
+        for dtype in (torch.float32, torch.bfloat16):
+            band = torch.ops.minivllm_cpu.q4_dequantize(codes, scales, k, dtype, row0, rows)
+            assert torch.equal(band, dense[row0 : row0 + rows].to(dtype)), (row0, rows)
+    for row0, rows in ((8, 16), (0, 24), (80, 32), (-16, 16)):
+        with pytest.raises(RuntimeError, match="whole 16-row tiles"):
+            torch.ops.minivllm_cpu.q4_dequantize(codes, scales, k, torch.float32, row0, rows)
     # A header that claims more bytes than the tensors hold is refused, not read.
     bad = scales.clone()
     bad.view(-1)[4 + 3] = codes.numel() + 1  # segment 0's code bytes

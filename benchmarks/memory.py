@@ -85,10 +85,15 @@ def child(path: str, kv_mib: int) -> None:
     import torch  # noqa: F401
 
     from minivllm import LLM, SamplingParams
-    from minivllm.kernels.torch_compiler import import_torch_compiler
 
     base = status()
-    import_torch_compiler()  # what the engine imports first; measured apart
+    try:  # what the engine imports first; measured apart
+        from minivllm.kernels.torch_compiler import import_torch_compiler
+    except ImportError:  # a tree from before it (A/B runs with PYTHONPATH)
+        import torch._dynamo  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401
+    else:
+        import_torch_compiler()
     compiler = status()["VmRSS"] - base["VmRSS"]
     llm = LLM(model=path, kv_cache_memory_bytes=kv_mib * MiB, max_model_len=1024)
     loaded = status()

@@ -8,9 +8,11 @@ once and shared, and a piece found in the on-disk cache is loaded, not compiled.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -21,6 +23,27 @@ from minivllm.compilation.counter import compilation_counter
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
+
+
+@contextlib.contextmanager
+def unseeded_random() -> Iterator[None]:
+    """Python's ``random`` freshly seeded from the OS inside the block, its state
+    restored after.
+
+    Where AOTAutograd cannot key a graph (every piece of a graph loaded from an AOT
+    trace) it keys the entry with ``random.random()``, meant as a nonce: a lookup
+    under it should always miss.  But the engine seeds ``random`` (``seed``, 0 by
+    default), so the nonce repeated from process to process, and a piece was looked
+    up among another graph's entries: at best a ``KeyError`` from their guards (the
+    compile then fell back and its trace was not saved), at worst another graph's
+    code whose guards happened to hold.  Drawing it from a fresh seed keeps it a
+    nonce, and the caller's sequence of draws is unchanged."""
+    state = random.getstate()
+    random.seed()
+    try:
+        yield
+    finally:
+        random.setstate(state)
 
 
 def _describe(value: Any) -> str:
@@ -141,8 +164,13 @@ class PieceCompiler:
         # one: for a graph loaded from an AOT trace it cannot (its symbols have no
         # Dynamo sources), and without an AOTAutograd entry the artifact cannot be
         # saved.  These are the settings Dynamo's own AOT compilation uses.
-        with torch._functorch.config.patch(
-            bypass_autograd_cache_key=True, bundled_autograd_cache=True, force_autograd_cache=True
+        with (
+            unseeded_random(),
+            torch._functorch.config.patch(
+                bypass_autograd_cache_key=True,
+                bundled_autograd_cache=True,
+                force_autograd_cache=True,
+            ),
         ):
             artifact = standalone_compile(
                 gm,

@@ -39,8 +39,11 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 namespace {
 
@@ -702,6 +705,75 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
   return run_layers(hidden, c10::nullopt, plans);
 }
 
+// What `decoder_stack` takes that stays the same from step to step (the layers'
+// norms, weights, biases, rotary tables and KV caches, and the shapes), held once
+// by `decoder_stack_bind` so that a step passes only its own inputs
+// (`decoder_stack_bound`): a 30-layer model's stack call had ~480 list entries,
+// each a graph input the compiled decode step gathered, checked and boxed every
+// step.  Without LoRA only (its slots and masks are read per call).
+struct StackBinding {
+  std::vector<at::Tensor> norms, weights, cos_sins, caches;
+  std::vector<int64_t> kinds, cache_index, groups, windows;
+  Biases biases;
+  int64_t num_heads = 0, form = 0;
+  double eps = 0, scale = 0;
+};
+
+std::mutex g_bindings_mutex;
+std::unordered_map<int64_t, std::shared_ptr<const StackBinding>> g_bindings;
+int64_t g_next_binding = 1;
+
+int64_t decoder_stack_bind(at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
+                           const Biases& biases, at::TensorList cos_sins, at::TensorList caches,
+                           at::IntArrayRef cache_index, at::IntArrayRef groups, int64_t num_heads,
+                           double eps, double scale, at::IntArrayRef windows, int64_t form) {
+  auto b = std::make_shared<StackBinding>();
+  b->norms = norms.vec();
+  b->weights = weights.vec();
+  b->cos_sins = cos_sins.vec();
+  b->caches = caches.vec();
+  b->kinds = kinds.vec();
+  b->cache_index = cache_index.vec();
+  b->groups = groups.vec();
+  b->windows = windows.vec();
+  for (const c10::optional<at::Tensor>& bias : biases) b->biases.push_back(bias);
+  b->num_heads = num_heads;
+  b->form = form;
+  b->eps = eps;
+  b->scale = scale;
+  std::lock_guard<std::mutex> lock(g_bindings_mutex);
+  const int64_t id = g_next_binding++;
+  g_bindings.emplace(id, std::move(b));
+  return id;
+}
+
+void decoder_stack_unbind(int64_t binding) {
+  std::lock_guard<std::mutex> lock(g_bindings_mutex);
+  g_bindings.erase(binding);
+}
+
+// `decoder_stack` of a bound stack: `binding` is a one-element int64 tensor holding
+// `decoder_stack_bind`'s number (a tensor, so that a compiled step reads it at run
+// time rather than keeping the number of the process that traced it).
+std::tuple<at::Tensor, at::Tensor> decoder_stack_bound(
+    const at::Tensor& hidden, const at::Tensor& binding, const at::Tensor& positions,
+    at::TensorList block_tables, const at::Tensor& seq_lens, at::TensorList slots) {
+  TORCH_CHECK(binding.numel() == 1 && binding.scalar_type() == at::kLong && binding.is_cpu(),
+              "decoder_stack_bound: the binding is one int64 on the CPU");
+  const int64_t id = *binding.data_ptr<int64_t>();
+  std::shared_ptr<const StackBinding> b;
+  {
+    std::lock_guard<std::mutex> lock(g_bindings_mutex);
+    auto it = g_bindings.find(id);
+    TORCH_CHECK(it != g_bindings.end(), "decoder_stack_bound: no stack is bound as ", id,
+                " in this process (unbound, or traced elsewhere)");
+    b = it->second;
+  }
+  return decoder_stack(hidden, b->norms, b->weights, b->kinds, b->biases, b->cos_sins, positions,
+                       b->caches, b->cache_index, block_tables, seq_lens, slots, b->groups,
+                       b->num_heads, b->eps, b->scale, b->windows, b->form, c10::nullopt, {}, {});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
@@ -711,6 +783,14 @@ TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
       "int[] cache_index, Tensor[] block_tables, Tensor seq_lens, Tensor[] slots, int[] groups, int num_heads, "
       "float eps, float scale, int[] windows, int form, Tensor? lora_mask, int[] lora_slices, "
       "Tensor[] lora) -> (Tensor, Tensor)");
+  m.def(
+      "decoder_stack_bind(Tensor[] norms, Tensor[] weights, int[] kinds, Tensor?[] biases, "
+      "Tensor[] cos_sins, Tensor[] caches, int[] cache_index, int[] groups, int num_heads, "
+      "float eps, float scale, int[] windows, int form) -> int");
+  m.def("decoder_stack_unbind(int binding) -> ()");
+  m.def(
+      "decoder_stack_bound(Tensor hidden, Tensor binding, Tensor positions, "
+      "Tensor[] block_tables, Tensor seq_lens, Tensor[] slots) -> (Tensor, Tensor)");
   m.def(
       "decoder_layer(Tensor hidden, Tensor? residual, Tensor[] norms, Tensor[] weights, "
       "int[] kinds, Tensor?[] biases, Tensor cos_sin, Tensor positions, Tensor(a!) cache, "
@@ -722,4 +802,10 @@ TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
 TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {
   m.impl("decoder_layer", decoder_layer);
   m.impl("decoder_stack", decoder_stack);
+  m.impl("decoder_stack_bound", decoder_stack_bound);
+}
+
+TORCH_LIBRARY_IMPL(minivllm_cpu, CompositeExplicitAutograd, m) {
+  m.impl("decoder_stack_bind", decoder_stack_bind);
+  m.impl("decoder_stack_unbind", decoder_stack_unbind);
 }

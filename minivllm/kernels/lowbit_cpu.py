@@ -206,6 +206,7 @@ def _register_fakes() -> None:
     torch.library.register_fake("minivllm_cpu::decode_attention", attention_fake)
     torch.library.register_fake("minivllm_cpu::decoder_layer", layer_fake)
     torch.library.register_fake("minivllm_cpu::decoder_stack", layer_fake)
+    torch.library.register_fake("minivllm_cpu::decoder_stack_bound", layer_fake)
     torch.library.register_fake(
         "minivllm_cpu::gguf_rows",
         lambda table, ids, qtype, dim: table.new_empty(ids.numel(), dim, dtype=torch.float32),

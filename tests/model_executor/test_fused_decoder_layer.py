@@ -6,6 +6,8 @@ KV cache."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from fused_layer_helpers import StepHandle, set_q4, set_q4_stacked, set_q8_0, with_decode_attention
@@ -217,6 +219,26 @@ def test_stack_of_layers_matches_layer_by_layer() -> None:
     torch.testing.assert_close(got[1], r, rtol=1e-5, atol=1e-5)
     for g, w in zip(got_caches, want_caches, strict=True):
         assert torch.equal(g, w)
+    # The decode graph's form: what never changes bound once, a step passing only
+    # its own inputs; the same call underneath, so the same bits.
+    bound_caches = caches()
+    for layer, cache in zip(layers, bound_caches, strict=True):
+        layer.self_attn.attn.kv_cache = cache
+    with StepHandle(step) as handle:
+        stack = FusedDecoderStack(layers, handle)
+        assert stack.binding is not None and stack.binding.dtype == torch.int64
+        bound = stack(positions, hidden)
+    assert torch.equal(bound[0], got[0]) and torch.equal(bound[1], got[1])
+    for b, w in zip(bound_caches, got_caches, strict=True):
+        assert torch.equal(b, w)
+    # Collecting the module releases the binding (and the tensors it kept alive).
+    number = stack.binding.clone()
+    del stack
+    gc.collect()
+    with pytest.raises(RuntimeError, match="no stack is bound"):
+        torch.ops.minivllm_cpu.decoder_stack_bound(
+            hidden, number, positions, step.block_tables, step.seq_lens, step.slots
+        )
     # All fusable and alike: one stack in the first place, the others pass on.
     handle = ForwardContextHandle()
     plan = fused_layers(layers, torch.float32, handle)

@@ -43,6 +43,7 @@ trace, and each step's rows, are what the graph computes with.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -261,6 +262,47 @@ def shared_caches(layers: list[LayerParts]) -> list[int]:
     return owners
 
 
+def _cache_lists(
+    layers: list[LayerParts], owners: list[int] | None
+) -> tuple[list[torch.Tensor], list[int]]:
+    """The distinct KV cache tensors of ``layers`` and each layer's index into them."""
+    owners = shared_caches(layers) if owners is None else owners
+    distinct = sorted(set(owners))
+    return [layers[i].attn.kv_cache for i in distinct], [distinct.index(o) for o in owners]
+
+
+def bind_decoder_stack(layers: list[LayerParts], owners: list[int]) -> int:
+    """Hand the C++ stack what stays the same from step to step (norms, weights,
+    biases, rotary tables, KV caches, shapes); its number for
+    ``decoder_stack_bound`` (`unbind_decoder_stack` releases it)."""
+    first = layers[0]
+    weights, kinds = _weights(layers)
+    caches, cache_index = _cache_lists(layers, owners)
+    return int(
+        torch.ops.minivllm_cpu.decoder_stack_bind(
+            [n.weight for p in layers for n in p.norms],
+            weights,
+            kinds,
+            _biases(layers),
+            [p.rotary.cos_sin_cache for p in layers],
+            caches,
+            cache_index,
+            [p.attn.kv_group for p in layers],
+            first.attn.num_heads,
+            first.norms[0].variance_epsilon,
+            first.attn.scale,
+            [p.attn.sliding_window or 0 for p in layers],
+            first.form,
+        )  # fmt: skip
+    )
+
+
+def unbind_decoder_stack(binding: int) -> None:
+    """Release what `bind_decoder_stack` holds (the tensors it kept alive)."""
+    if lowbit_cpu.available():
+        torch.ops.minivllm_cpu.decoder_stack_unbind(binding)
+
+
 def fused_decoder_stack(
     positions: torch.Tensor,
     hidden: torch.Tensor,
@@ -274,10 +316,7 @@ def fused_decoder_stack(
     (computed here when not given)."""
     first = layers[0]
     weights, kinds = _weights(layers)
-    owners = shared_caches(layers) if owners is None else owners
-    distinct = sorted(set(owners))
-    caches = [layers[i].attn.kv_cache for i in distinct]
-    cache_index = [distinct.index(o) for o in owners]
+    caches, cache_index = _cache_lists(layers, owners)
     return torch.ops.minivllm_cpu.decoder_stack(
         hidden, [n.weight for p in layers for n in p.norms], weights, kinds, _biases(layers),
         [p.rotary.cos_sin_cache for p in layers], positions, caches, cache_index,
@@ -307,21 +346,44 @@ class FusedDecoderLayer(nn.Module):
 
 class FusedDecoderStack(nn.Module):
     """Stands for the first of a model's decoder layers and runs all of them, as
-    one C++ call; the others' places hold `RunByStack`."""
+    one C++ call; the others' places hold `RunByStack`.
+
+    Without LoRA, what the call takes that never changes is bound to the C++ stack
+    once (`bind_decoder_stack`: the weights, norms, rotary tables and KV caches it
+    keeps alive until this module is collected), so a step passes only its own
+    inputs and the number of the binding, as a buffer (`decoder_stack_bound`): the
+    compiled step no longer gathers, checks and boxes every layer's tensors (~480
+    graph inputs for a 30-layer model).  With LoRA each call passes everything, the
+    adapters' slots and masks included."""
 
     def __init__(self, layers: list[nn.Module], handle: ForwardContextHandle) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.handle = handle
-        self.owners = shared_caches([layer_parts(layer) for layer in layers])
+        parts = [layer_parts(layer) for layer in layers]
+        self.owners = shared_caches(parts)
+        self.sum_output = bool(parts[0].form & SUM_OUTPUT)
+        binding = None
+        if not lora_args(parts)[2]:
+            number = bind_decoder_stack(parts, self.owners)
+            binding = torch.tensor(number)
+            weakref.finalize(self, unbind_decoder_stack, number)
+        self.binding: torch.Tensor | None
+        self.register_buffer("binding", binding, persistent=False)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None = None
     ) -> Any:
         assert residual is None, "the stack starts at the model's first layer"
+        step = self.handle.decode_step()
+        if self.binding is not None:
+            out = torch.ops.minivllm_cpu.decoder_stack_bound(
+                hidden, self.binding, positions, step.block_tables, step.seq_lens, step.slots
+            )
+            return out[0] if self.sum_output else out
         parts = [layer_parts(layer) for layer in self.layers]
-        out = fused_decoder_stack(positions, hidden, parts, self.handle.decode_step(), self.owners)
-        return out[0] if parts[0].form & SUM_OUTPUT else out
+        out = fused_decoder_stack(positions, hidden, parts, step, self.owners)
+        return out[0] if self.sum_output else out
 
 
 class RunByStack(nn.Module):

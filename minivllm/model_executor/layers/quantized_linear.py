@@ -304,23 +304,29 @@ def _int8_rows(
 
 EXPAND_BAND_BYTES = 4 << 20
 """Bytes of expanded weight a large batch's GEMM makes at a time (`expanded_mm`).
-The whole expanded weight (64 MiB for a 1B model's bfloat16 gate/up) stayed
-resident after a prefill, as allocator cache, for no speed: Llama-3.2-1B shapes at
-256 tokens (2-core EPYC Zen 4, median of 4 best-of-3), whole against 2 MiB bands:
-gate/up 45.7 / 47.0 ms, down 23.1 / 23.8, qkv 9.3 / 8.8, o 6.1 / 5.9."""
+Expanded whole, the largest weight (64 MiB for a 1B model's bfloat16 gate/up)
+stayed resident after a prefill as allocator cache.  The bands cost a little:
+Llama-3.2-1B shapes at 256 tokens (2-core EPYC Zen 4, medians of 4-5 best-of-3,
+noisy), whole against 4 MiB bands: gate/up 44.4 / 48.0 ms, down 23.2 / 25.0, qkv
+and o within noise; a whole 128-token prefill showed no difference beyond the
+machine's spread (`benchmarks/tree_ab.py`)."""
 
 
 def expanded_mm(
     flat: torch.Tensor, kind: int, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """``flat @ W.T`` on a dense GEMM in ``dtype``, the weight expanded a band of
-    output rows at a time (`EXPAND_BAND_BYTES`) where its form can be cut so, each
-    band's products written into their columns of the output: the same dot products
-    as with the whole weight, and bit for bit the same result on this CPU's GEMM."""
+    """``flat @ W.T`` on a dense GEMM in ``dtype``, a ``Q4`` or ``INT8`` weight
+    expanded a band of output rows at a time (`EXPAND_BAND_BYTES`), each band's
+    products written into their columns of the output: the same dot products as
+    with the whole weight (bit for bit on a Zen 4's oneDNN).  Other forms are
+    expanded whole."""
     flat = flat.to(dtype)
-    rows_out, cols = _dense_shape(kind, qweight, scales)
+    if kind not in (Q4, INT8):
+        return F.linear(flat, dequantize_weight(kind, qweight, scales, dtype))
+    rows_out = qweight.shape[0]  # Q4: [N, bytes a row], stacked or not; INT8: [N, K]
+    cols = lowbit_cpu.q4_inputs(qweight, scales) if kind == Q4 else qweight.shape[1]
     band = max(64, EXPAND_BAND_BYTES // (cols * flat.element_size()) // 64 * 64)
-    if kind not in (Q4, INT8) or band >= rows_out:
+    if band >= rows_out:
         return F.linear(flat, dequantize_weight(kind, qweight, scales, dtype))
     out = flat.new_empty(flat.shape[0], rows_out)
     for row0 in range(0, rows_out, band):
@@ -331,15 +337,6 @@ def expanded_mm(
             w = dequantize_weight(kind, qweight[row0 : row0 + n], scales[row0 : row0 + n], dtype)
         torch.mm(flat, w.t(), out=out[:, row0 : row0 + n])
     return out
-
-
-def _dense_shape(kind: int, qweight: torch.Tensor, scales: torch.Tensor) -> tuple[int, int]:
-    """``(out, in)`` of the dense weight."""
-    if kind == Q4:  # [N, bytes a row], stacked or not
-        return qweight.shape[0], lowbit_cpu.q4_inputs(qweight, scales)
-    if kind == INT8:
-        return qweight.shape[0], qweight.shape[1]
-    return -1, -1
 
 
 def dequantize_weight(

@@ -49,10 +49,9 @@ def _median_ms(fn, steps: int = 20, rounds: int = 5) -> float:
     return statistics.median(times)
 
 
-def time_batch(
-    layers: list, b: int, context: int, block: int, hidden_size: int
-) -> tuple[float, float]:
-    """(fused, gemms-alone) milliseconds per step for ``b`` requests."""
+def step_fns(layers: list, b: int, context: int, block: int, hidden_size: int):
+    """Two callables over ``b`` requests at ``context`` tokens: one decode step's
+    layers as one fused call, and the same layers' GEMMs alone (one op each)."""
     blocks = -(-context // block)
     have = layers[0].self_attn.attn.kv_cache.shape[1]
     if 1 + b * blocks > have:
@@ -84,6 +83,14 @@ def time_batch(
         for op, lin in zip(ops, linears, strict=True):
             op(inputs[lin.input_size], lin.qweight, lin.qscales)
 
+    return fused, gemms
+
+
+def time_batch(
+    layers: list, b: int, context: int, block: int, hidden_size: int
+) -> tuple[float, float]:
+    """(fused, gemms-alone) milliseconds per step for ``b`` requests."""
+    fused, gemms = step_fns(layers, b, context, block, hidden_size)
     with torch.inference_mode():
         return _median_ms(fused), _median_ms(gemms)
 

@@ -101,6 +101,13 @@ def cpu_amx() -> bool:
     return os.environ.get("MINIVLLM_CPU_AMX", "1") != "0"
 
 
+def cpu_huge_pages() -> bool:
+    """``MINIVLLM_CPU_HUGE_PAGES`` (default on): 0 leaves a CPU model's weights in the
+    pages they were loaded into instead of moving them onto transparent huge pages
+    (`minivllm.worker.weight_pages`)."""
+    return os.environ.get("MINIVLLM_CPU_HUGE_PAGES", "1") != "0"
+
+
 def cxx_compiler() -> str | None:
     """``CXX``: the C++ compiler that builds the CPU ops (default: g++ or c++ on PATH)."""
     return os.environ.get("CXX") or None

@@ -324,6 +324,15 @@ int64_t lowbit_isa(int64_t force) {
   return g_isa;
 }
 
+// How far ahead (bytes) the q4 and tiled q8 kernels prefetch the weights they
+// stream: `bytes` >= 0 sets it (0: no software prefetch, the hardware's alone),
+// < 0 keeps it.  Returns the distance now in use.
+int64_t lowbit_prefetch(int64_t bytes) {
+  TORCH_CHECK(bytes < (1 << 20), "lowbit_prefetch: at most 1 MiB ahead");
+  if (bytes >= 0) g_prefetch_bytes = bytes / 64 * 64;
+  return g_prefetch_bytes;
+}
+
 // Whether q4 GEMMs of 8 tokens or more run on AMX tiles: `force` 0 turns that off,
 // 1 on (where the CPU has AMX), < 0 keeps it.  Returns the setting now in use.
 int64_t lowbit_amx(int64_t force) {
@@ -347,6 +356,7 @@ TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("int8_mm_scale(Tensor acc, Tensor hi, Tensor lo, Tensor scale) -> Tensor");
   m.def("lowbit_isa(int force) -> int", lowbit_isa);
   m.def("lowbit_amx(int force) -> int", lowbit_amx);
+  m.def("lowbit_prefetch(int bytes) -> int", lowbit_prefetch);
 }
 
 TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {

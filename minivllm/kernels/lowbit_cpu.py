@@ -39,6 +39,8 @@ Ops (all CPU, float32 out):
 - ``lowbit_isa(force)``: the code path in use (0 portable C++, 1 AVX2,
   2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests); ``lowbit_amx(force)``:
   whether q4 GEMMs of 8 tokens or more run on AMX tiles (CPUs that have them);
+  ``lowbit_prefetch(bytes)``: how far ahead the q4 and tiled q8 kernels prefetch
+  their weights (0: none; `prefetch`);
 - ``decode_attention(query, key, value, cache, block_table, seq_lens, slots,
   scale, window)``: writes one decode step's K/V into the paged ``cache`` in
   place and returns the step's attention (`minivllm.attention.decode_graph`);
@@ -325,6 +327,18 @@ def amx(force: int = -1) -> bool:
     return bool(torch.ops.minivllm_cpu.lowbit_amx(force))
 
 
+DEFAULT_PREFETCH = 2048
+"""The kernels' software prefetch distance (bytes) for weights in 4 KiB pages."""
+
+
+def prefetch(ahead: int = -1) -> int:
+    """How far ahead (bytes) the q4 and tiled q8 kernels prefetch the weights they
+    stream; ``ahead`` >= 0 sets it (0: none).  Weights in 4 KiB pages need it
+    (`DEFAULT_PREFETCH`); on huge pages the hardware prefetchers do better alone
+    (`minivllm.worker.weight_pages`).  One setting per process."""
+    return int(torch.ops.minivllm_cpu.lowbit_prefetch(ahead))
+
+
 def _tile_codes(q: torch.Tensor, planes: int) -> torch.Tensor:
     """Codes ``q [N, K]`` in ``q4_gemm``'s tiles, then ``planes`` planes of their
     bits 4 (fifth) and 5 (sixth) (layout in lowbit_kernels.h)."""
@@ -521,6 +535,7 @@ __all__ = [
     "ROW_TILE",
     "available",
     "amx",
+    "prefetch",
     "block_cache_stats",
     "install_block_cache",
     "isa",

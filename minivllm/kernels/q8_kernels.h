@@ -220,6 +220,7 @@ void q8_tiled_block_avx512(const uint8_t* __restrict w, int64_t tile_bytes,
                            float* __restrict out, int64_t K, int64_t N) {
   constexpr int64_t kQuads = 16 * CH;  // 4-input steps per activation group
   const int64_t groups = K / (64 * CH);
+  const int64_t ahead = g_prefetch_bytes;
   __m512 acc[NR][NT];
   zero_block(acc);
   for (int64_t g = 0; g < groups; ++g) {
@@ -230,8 +231,9 @@ void q8_tiled_block_avx512(const uint8_t* __restrict w, int64_t tile_bytes,
       const int64_t q = g * kQuads + c;
       __m512i u[NR];
       for (int r = 0; r < NR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + r * tile_bytes + q * 64 + kPrefetchBytes),
-                     _MM_HINT_T0);
+        if (ahead != 0)
+          _mm_prefetch(reinterpret_cast<const char*>(w + r * tile_bytes + q * 64 + ahead),
+                       _MM_HINT_T0);
         u[r] = _mm512_loadu_si512(w + r * tile_bytes + q * 64);
       }
       for (int t = 0; t < NT; ++t) {

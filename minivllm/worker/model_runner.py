@@ -51,6 +51,7 @@ from minivllm.worker.forward_runner import ForwardRunner
 from minivllm.worker.input_batch import CachedRequestState, StepInputs, build_step_inputs
 from minivllm.worker.pooling_runner import PoolingRunner
 from minivllm.worker.spec_decode import SpecDecoder
+from minivllm.worker.weight_pages import log_placement, place_on_huge_pages
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
@@ -128,6 +129,8 @@ class ModelRunner:
         # Warn about custom_ops entries that named no op of this model.
         self.vllm_config.compilation_config.custom_op_log_check(op_registry)
         self.model.eval()
+        if self.device.type == "cpu":  # before anything keeps references to the weights
+            log_placement(place_on_huge_pages(self.model))
         packed = pack_linear_weights(self.model, self.device, self.dtype)
         if packed:
             logger.info("packed %d linear weights for oneDNN GEMMs", packed)

@@ -24,6 +24,7 @@ from minivllm.sample.rejection_sampler import position_noise
 from minivllm.sampling_params import SAMPLING_EPS
 from minivllm.worker.input_batch import CachedRequestState
 from minivllm.worker.ngram_proposer import NgramProposer
+from minivllm.worker.weight_pages import log_placement, place_on_huge_pages
 
 if TYPE_CHECKING:
     from minivllm.config.vllm import VllmConfig
@@ -94,6 +95,8 @@ class SpecDecoder:
             load_format=self.vllm_config.load_config.load_format,
             device=self.device,
         ).eval()
+        if self.device.type == "cpu":
+            log_placement(place_on_huge_pages(self.model))
         self.attn_layers = get_attention_layers(self.model)
 
     def kv_cache_bytes_per_block(self, block_size: int) -> int:

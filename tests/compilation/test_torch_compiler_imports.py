@@ -23,7 +23,9 @@ SCRIPT = textwrap.dedent(
 
     compiled = torch.compile(lambda x: (x * 2).sin() + 1, backend="inductor", fullgraph=True)
     x = torch.randn(64)
-    ok = torch.allclose(compiled(x), (x * 2).sin() + 1)
+    # Inductor's vectorised sin differs from ATen's in the last bit or so; near 0,
+    # allclose's default atol (1e-8) is tighter than one float32 step of 1.0.
+    ok = torch.allclose(compiled(x), (x * 2).sin() + 1, atol=1e-6)
     maps = open("/proc/self/maps").read()
     report = {
         "compiled": ok,

@@ -183,17 +183,15 @@ def test_prefetching_changes_no_result() -> None:
         torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
     )
     row = torch.rand(n, generator=gen) * 0.01
-    x = torch.randn(5, k, generator=gen)
+    xs = [torch.randn(m, k, generator=gen) for m in (1, 5)]  # one token; a tile and one
     before = lowbit_cpu.prefetch()
     try:
         outs = []
         for ahead in (0, 64, 2048, 8192):
             assert lowbit_cpu.prefetch(ahead) == ahead
             outs.append(
-                (
-                    torch.ops.minivllm_cpu.q4_gemm(x, w4, s4),
-                    torch.ops.minivllm_cpu.q8_tiled_gemm(x, tiles, row, 2),
-                )
+                [torch.ops.minivllm_cpu.q4_gemm(x, w4, s4) for x in xs]
+                + [torch.ops.minivllm_cpu.q8_tiled_gemm(x, tiles, row, 2) for x in xs]
             )
         for got in outs[1:]:
             assert all(torch.equal(a, b) for a, b in zip(got, outs[0], strict=True))

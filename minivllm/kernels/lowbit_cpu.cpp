@@ -325,12 +325,12 @@ int64_t lowbit_isa(int64_t force) {
 }
 
 // How far ahead (bytes) the q4 and tiled q8 kernels prefetch the weights they
-// stream: `bytes` >= 0 sets it (0: no software prefetch, the hardware's alone),
-// < 0 keeps it.  Returns the distance now in use.
+// stream in one-token products: `bytes` >= 0 sets it (0: no software prefetch, the
+// hardware's alone), < 0 keeps it.  Returns the distance now in use.
 int64_t lowbit_prefetch(int64_t bytes) {
   TORCH_CHECK(bytes < (1 << 20), "lowbit_prefetch: at most 1 MiB ahead");
-  if (bytes >= 0) g_prefetch_bytes = bytes / 64 * 64;
-  return g_prefetch_bytes;
+  if (bytes >= 0) g_one_token_prefetch = bytes / 64 * 64;
+  return g_one_token_prefetch;
 }
 
 // Whether q4 GEMMs of 8 tokens or more run on AMX tiles: `force` 0 turns that off,

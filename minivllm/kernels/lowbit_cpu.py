@@ -40,7 +40,7 @@ Ops (all CPU, float32 out):
   2 AVX-512 VNNI); ``force >= 0`` picks a lower one (tests); ``lowbit_amx(force)``:
   whether q4 GEMMs of 8 tokens or more run on AMX tiles (CPUs that have them);
   ``lowbit_prefetch(bytes)``: how far ahead the q4 and tiled q8 kernels prefetch
-  their weights (0: none; `prefetch`);
+  their weights in one-token products (0: none; `prefetch`);
 - ``decode_attention(query, key, value, cache, block_table, seq_lens, slots,
   scale, window)``: writes one decode step's K/V into the paged ``cache`` in
   place and returns the step's attention (`minivllm.attention.decode_graph`);
@@ -333,9 +333,11 @@ DEFAULT_PREFETCH = 2048
 
 def prefetch(ahead: int = -1) -> int:
     """How far ahead (bytes) the q4 and tiled q8 kernels prefetch the weights they
-    stream; ``ahead`` >= 0 sets it (0: none).  Weights in 4 KiB pages need it
-    (`DEFAULT_PREFETCH`); on huge pages the hardware prefetchers do better alone
-    (`minivllm.worker.weight_pages`).  One setting per process."""
+    stream in one-token products (a batch-1 decode step); ``ahead`` >= 0 sets it
+    (0: none).  Weights in 4 KiB pages need it (`DEFAULT_PREFETCH`); on huge pages
+    the hardware prefetchers do better alone (`minivllm.worker.weight_pages`).
+    Products of more tokens always prefetch `DEFAULT_PREFETCH` ahead.  One setting
+    per process."""
     return int(torch.ops.minivllm_cpu.lowbit_prefetch(ahead))
 
 

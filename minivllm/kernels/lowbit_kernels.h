@@ -54,16 +54,25 @@ constexpr int kQ8Group = 64;   // q8: inputs per activation scale (AVX-512: up t
 constexpr int kQ8MaxGroup = 256;
 constexpr int kQ8WGroup = 32;  // q8 with group scales (Q8_0): inputs per weight scale
 constexpr int kTokTile = 4;    // tokens computed together (weights unpacked once)
-// How far ahead the AVX-512 kernels prefetch the weight stream (q4 and tiled q8:
-// bytes, `g_prefetch_bytes`, 0 for none; row-major q8: rows).  Measured on the
-// default model with its weights in 4 KiB pages (benchmarks/decode_layer.py, best
-// of 3 interleaved rounds): the 120 q4 GEMMs of a batch-1 step 13.7 ms without,
-// 5.5 ms at 1 KB, 4.4 ms at 2 KB; the LM head 1.80 / 0.88 / 0.80 ms.  On huge
-// pages (minivllm/worker/weight_pages.py) the hardware prefetchers run across the
-// 4 KiB boundaries that stopped them, and `lowbit_prefetch` sets the distance.
+// How far ahead the kernels prefetch the weight stream (q4 and tiled q8: bytes, 0
+// for none; row-major q8: rows).  Measured on the default model with its weights in
+// 4 KiB pages (benchmarks/decode_layer.py, best of 3 interleaved rounds): the 120 q4
+// GEMMs of a batch-1 step 13.7 ms without, 5.5 ms at 1 KB, 4.4 ms at 2 KB; the LM
+// head 1.80 / 0.88 / 0.80 ms.  On huge pages (minivllm/worker/weight_pages.py) the
+// hardware prefetchers run on across what were page boundaries, and a one-token
+// product (a batch-1 decode step) is faster without software prefetch: the Qwen3
+// shape's head 1.36 ms without against 1.79 at 2 KB, its layers 1.27x with the huge
+// pages; with more tokens the 2 KB stay ahead (8 rows: 2.70 ms against 3.21 without).
+// `lowbit_prefetch` sets the one-token distance (`g_one_token_prefetch`).
 constexpr int64_t kDefaultPrefetchBytes = 2048;
 constexpr int64_t kQ8PrefetchRows = 16;
-int64_t g_prefetch_bytes = kDefaultPrefetchBytes;
+int64_t g_one_token_prefetch = kDefaultPrefetchBytes;
+
+// The prefetch distance of a kernel computing `term_rows` activation rows (two per
+// token, x and what its rounding left).
+inline int64_t prefetch_ahead(int term_rows) {
+  return term_rows <= 2 ? g_one_token_prefetch : kDefaultPrefetchBytes;
+}
 
 enum Isa : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 // A q8 code path, not an ISA of its own: AVX-512 on int16 activation codes
@@ -398,7 +407,7 @@ void q4_tile_portable(const Q4Args& p, int64_t tile) {
 }
 
 #if defined(__x86_64__)
-// Asks for group g's codes a few groups ahead of the kernel (`g_prefetch_bytes`).
+// Asks for group g's codes `ahead` bytes ahead of the kernel (`prefetch_ahead`).
 inline void prefetch_group(const uint8_t* w, int64_t g, int64_t ahead) {
   if (ahead == 0) return;
   for (int c = 0; c < 4; ++c)
@@ -449,7 +458,7 @@ void q4_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb
   const int64_t groups = K / kQ4Group;
   __m512 acc[NT], accm[NT];
   for (int t = 0; t < NT; ++t) acc[t] = accm[t] = _mm512_setzero_ps();
-  const int64_t ahead = g_prefetch_bytes;
+  const int64_t ahead = prefetch_ahead(NT);
   for (int64_t g = 0; g < groups; ++g) {
     // The weights stream from memory once per step: ask for the bytes a few
     // groups ahead (into the next tile at the end; a prefetch never faults).
@@ -490,7 +499,7 @@ void q6_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb
   const __m512 neg32 = _mm512_set1_ps(-32.f);
   __m512 acc[NT], accm[NT];
   for (int t = 0; t < NT; ++t) acc[t] = accm[t] = _mm512_setzero_ps();
-  const int64_t ahead = g_prefetch_bytes;
+  const int64_t ahead = prefetch_ahead(NT);
   for (int64_t g = 0; g < groups; ++g) {
     prefetch_group(w, g, ahead);
     __m512i lo[4], hi[4];
@@ -548,7 +557,7 @@ void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
   for (int h = 0; h < 2; ++h) {
     __m256 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-    const int64_t ahead = g_prefetch_bytes;
+    const int64_t ahead = prefetch_ahead(NT);
     for (int64_t g = 0; g < groups; ++g) {
       if (h == 0) prefetch_group(w, g, ahead);  // the second half reads the tile again, from L1
       __m256i code[8];  // chunk c's low nibbles' codes at 2 c, high nibbles' at 2 c + 1
@@ -608,7 +617,7 @@ void q6_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
   for (int h = 0; h < 2; ++h) {
     __m256 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-    const int64_t ahead = g_prefetch_bytes;
+    const int64_t ahead = prefetch_ahead(NT);
     for (int64_t g = 0; g < groups; ++g) {
       if (h == 0) prefetch_group(w, g, ahead);
       __m256i code[8];  // octet c's low nibbles' codes at 2 c, high nibbles' at 2 c + 1

@@ -220,7 +220,7 @@ void q8_tiled_block_avx512(const uint8_t* __restrict w, int64_t tile_bytes,
                            float* __restrict out, int64_t K, int64_t N) {
   constexpr int64_t kQuads = 16 * CH;  // 4-input steps per activation group
   const int64_t groups = K / (64 * CH);
-  const int64_t ahead = g_prefetch_bytes;
+  const int64_t ahead = prefetch_ahead(NT);
   __m512 acc[NR][NT];
   zero_block(acc);
   for (int64_t g = 0; g < groups; ++g) {

@@ -16,7 +16,8 @@ before, and puts new tensors over the copies where the old ones were (every
 parameter, buffer and plain tensor attribute of its modules, with the attributes a
 loader set on them), so every later graph, packed copy and kernel binding reads the
 new pages.  Where the kernel then backs the weights with huge pages, the kernels'
-software prefetch is turned off (`lowbit_cpu.prefetch`): there it only costs.
+software prefetch is turned off for one-token products (`lowbit_cpu.prefetch`):
+there it only costs (products of more tokens keep theirs).
 
 Left where they are: tensors in pages mapped from a file (a GGUF table read as
 stored: moving it would make all of it resident), and tensors not on the CPU or not
@@ -248,9 +249,9 @@ def place_on_huge_pages(model: nn.Module, huge: bool = True) -> Placement:
 
 
 def _match_prefetch(placement: Placement) -> None:
-    """Software prefetching for the kernels' weight streams only where the weights
-    sit in 4 KiB pages: on huge pages it only costs (the hardware prefetchers run
-    on across what were page boundaries).  Qwen3-0.6B shape Q4_K_M, one token, 2-core
+    """Software prefetching for the kernels' one-token weight streams only where the
+    weights sit in 4 KiB pages: on huge pages it only costs (the hardware prefetchers
+    run on across what were page boundaries).  Qwen3-0.6B shape Q4_K_M, one token, 2-core
     Zen 4 (``benchmarks/weight_pages.py --prefetch 2048 0``): layers + LM head 17.4
     ms in 4 KiB pages with a 2 KiB prefetch, 14.5 ms on huge pages with it, 13.7
     ms on huge pages without; the Q8 head alone 1.95 / 2.02 / 1.27 ms."""

@@ -15,25 +15,14 @@ import torch
 from torch import nn
 
 from minivllm.kernels import lowbit_cpu
-from minivllm.worker.weight_pages import huge_pages_mode, place_on_huge_pages
+from minivllm.worker.weight_pages import huge_pages_mode, mapping_fields, place_on_huge_pages
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux's transparent huge pages")
 
 
 def _mapping_of(ptr: int) -> dict[str, str]:
-    """The ``/proc/self/smaps`` fields of the mapping that holds address ``ptr``."""
-    fields: dict[str, str] | None = None
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=1)
-        if "-" in head[0] and not head[0].endswith(":"):
-            lo, hi = (int(x, 16) for x in head[0].split("-"))
-            if fields is not None:
-                break
-            if lo <= ptr < hi:
-                fields = {"range": head[0]}
-        elif fields is not None:
-            fields[head[0].rstrip(":")] = head[1].strip() if len(head) > 1 else ""
-    assert fields is not None, hex(ptr)
+    fields = mapping_fields(ptr)
+    assert fields, hex(ptr)
     return fields
 
 
@@ -119,27 +108,19 @@ def test_switched_off_by_the_environment(toy: Toy, monkeypatch) -> None:
 
 
 ENGINE = """
-import json, sys
-from pathlib import Path
+import json
 from minivllm import LLM, SamplingParams
+from minivllm.kernels import lowbit_cpu
+from minivllm.worker.weight_pages import mapping_fields
 llm = LLM(max_num_seqs=4)
 model = llm.llm_engine.executor.worker.model_runner.model
-layer = model.model.layers[0].self_attn.qkv_proj.qweight.data_ptr()
-flags, kib = "", {}
-for line in Path("/proc/self/smaps").read_text().splitlines():
-    head = line.split()
-    if "-" in head[0] and not head[0].endswith(":"):
-        lo, hi = (int(x, 16) for x in head[0].split("-"))
-        inside = lo <= layer < hi
-    elif inside and head[0] == "VmFlags:":
-        flags = " ".join(head[1:])
-    elif inside and head[0] in ("Rss:", "AnonHugePages:"):
-        kib[head[0]] = int(head[1])
+fields = mapping_fields(model.model.layers[0].self_attn.qkv_proj.qweight.data_ptr())
+flags = fields["VmFlags"]
 prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
-from minivllm.kernels import lowbit_cpu
 tokens = [o.outputs[0].token_ids for o in outs]
-huge = kib["AnonHugePages:"] >= 0.9 * kib["Rss:"]
+kib = {k: int(fields[k].split()[0]) for k in ("Rss", "AnonHugePages")}
+huge = kib["AnonHugePages"] >= 0.9 * kib["Rss"]
 print(json.dumps({"flags": flags, "tokens": tokens, "prefetch": lowbit_cpu.prefetch(), "huge": huge}))
 """
 

@@ -177,21 +177,32 @@ def _collapse(arena: torch.Tensor) -> None:
         libc.madvise(arena.data_ptr(), span, MADV_COLLAPSE)
 
 
-def _huge_bytes(arena: torch.Tensor) -> int:
-    """``AnonHugePages`` of the mapping that holds ``arena`` (``/proc/self/smaps``)."""
-    ptr, inside = arena.data_ptr(), False
+def mapping_fields(ptr: int) -> dict[str, str]:
+    """The ``/proc/self/smaps`` entry of the mapping that holds address ``ptr``: its
+    address range under ``"range"`` and each field by name (``"AnonHugePages"``,
+    ``"VmFlags"``, ...); empty where there is none or no smaps to read."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/self/smaps") as smaps:
             for line in smaps:
-                head = line.split(maxsplit=1)[0]
-                if "-" in head and not head.endswith(":"):
+                head, _, rest = line.partition(" ")
+                if not head.endswith(":"):  # a mapping's first line: "lo-hi perms ..."
+                    if fields:
+                        break
                     lo, hi = (int(x, 16) for x in head.split("-"))
-                    inside = lo <= ptr < hi
-                elif inside and head == "AnonHugePages:":
-                    return int(line.split()[1]) << 10
+                    if lo <= ptr < hi:
+                        fields["range"] = head
+                elif fields:
+                    fields[head[:-1]] = rest.strip()
     except OSError:
-        pass
-    return 0
+        return {}
+    return fields
+
+
+def _huge_bytes(arena: torch.Tensor) -> int:
+    """``AnonHugePages`` of the mapping that holds ``arena``."""
+    value = mapping_fields(arena.data_ptr()).get("AnonHugePages", "0 kB")
+    return int(value.split()[0]) << 10
 
 
 def _plan(model: nn.Module) -> tuple[list[list[torch.Tensor]], int]:
@@ -308,4 +319,10 @@ def log_placement(placement: Placement) -> None:
         )
 
 
-__all__ = ["Placement", "huge_pages_mode", "log_placement", "place_on_huge_pages"]
+__all__ = [
+    "Placement",
+    "huge_pages_mode",
+    "log_placement",
+    "mapping_fields",
+    "place_on_huge_pages",
+]

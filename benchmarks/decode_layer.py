@@ -16,6 +16,10 @@ caches hold).  Prints milliseconds per step (median of 5 rounds of 20 steps) for
 and the weight bytes read per step and the rate they were read at::
 
     python benchmarks/decode_layer.py --batch 1 8 32 --context 190
+
+With ``--residual-cut 0 3e-5`` it times only the fused layers, at each of the low-bit
+kernels' residual cuts in turns (`lowbit_cpu.residual_cut`), and prints each one's
+speed against the first.
 """
 
 from __future__ import annotations
@@ -95,11 +99,43 @@ def time_batch(
         return _median_ms(fused), _median_ms(gemms)
 
 
+def compare_cuts(layers: list, args: argparse.Namespace, block: int, hidden_size: int) -> None:
+    """The fused layers at each ``--residual-cut`` (medians of 5 rounds taking turns)
+    and each one's speed against the first; the cut in use is restored after."""
+    before = lowbit_cpu.residual_cut()
+    try:
+        for b in args.batch:
+            fused, _ = step_fns(layers, b, args.context, block, hidden_size)
+            times: dict[float, list[float]] = {cut: [] for cut in args.residual_cut}
+            with torch.inference_mode():
+                for _ in range(5):
+                    for cut in args.residual_cut:
+                        lowbit_cpu.residual_cut(cut)
+                        times[cut].append(_median_ms(fused, rounds=1))
+            first = statistics.median(times[args.residual_cut[0]])
+            cells = [
+                f"cut {cut:g} {statistics.median(t):7.2f} ms ({first / statistics.median(t):.2f}x)"
+                for cut, t in times.items()
+            ]
+            print(f"batch {b:3d} context {args.context}: fused layers " + ", ".join(cells))
+    finally:
+        lowbit_cpu.residual_cut(before)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--context", type=int, default=190)
     parser.add_argument("--model", default=None, help="GGUF file (default: the default model)")
+    parser.add_argument(
+        "--residual-cut",
+        type=float,
+        nargs="+",
+        default=None,
+        help="time the fused layers at each of these `lowbit_cpu.residual_cut` values "
+        "instead, in turns in this process (e.g. 0 3e-5: every group's second term "
+        "against the default)",
+    )
     args = parser.parse_args()
     if not lowbit_cpu.available():
         raise SystemExit("minivllm's CPU kernels are not built here (no C++ compiler?)")
@@ -119,6 +155,9 @@ def main() -> None:
         for t in (lin.qweight, lin.qscales)
     )
     print(f"threads {torch.get_num_threads()}, weight bytes per step {weight_bytes / 1e6:.1f} MB")
+    if args.residual_cut:
+        compare_cuts(layers, args, block, hidden_size)
+        return
     head = model.lm_head
     head_bytes = head.qweight.numel() * head.qweight.element_size()
     for b in args.batch:

@@ -108,6 +108,28 @@ def cpu_huge_pages() -> bool:
     return os.environ.get("MINIVLLM_CPU_HUGE_PAGES", "1") != "0"
 
 
+def cpu_residual_cut() -> float:
+    """``MINIVLLM_CPU_RESIDUAL_CUT`` (default 0): above 0, minivllm's CPU low-bit kernels
+    give an activation group its second int8 term (for what the first one's rounding
+    left) only where that remainder's energy is above this share of the token's mean
+    energy per group, and skip the other groups' second products
+    (`minivllm.kernels.lowbit_cpu.residual_cut`).  3e-5 measured 1.15-1.2x faster
+    batched decode steps for 98.3-98.5% top-1 agreement with the float32 model (100 /
+    99.1% at 0); greedy tokens then depend on chunking and prefix-cache hits unless
+    ``VLLM_BATCH_INVARIANT=1``."""
+    raw = os.environ.get("MINIVLLM_CPU_RESIDUAL_CUT", "0")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(
+            f"MINIVLLM_CPU_RESIDUAL_CUT={raw!r} is not a finite number >= 0; unset it (or "
+            "use 0) for a second term in every group, or give a share such as 3e-5"
+        )
+    return value
+
+
 def cxx_compiler() -> str | None:
     """``CXX``: the C++ compiler that builds the CPU ops (default: g++ or c++ on PATH)."""
     return os.environ.get("CXX") or None

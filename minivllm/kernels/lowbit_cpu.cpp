@@ -333,6 +333,15 @@ int64_t lowbit_prefetch(int64_t bytes) {
   return g_one_token_prefetch;
 }
 
+// Which groups of a token get the second int8 activation term (`g_residual_cut`,
+// lowbit_kernels.h): `cut` >= 0 sets the share of the token's mean energy per group
+// a group's remainder must exceed (0: every group), < 0 keeps it.  Returns the
+// share now in use.
+double lowbit_residual(double cut) {
+  if (cut >= 0) g_residual_cut = static_cast<float>(cut);
+  return g_residual_cut;
+}
+
 // Whether q4 GEMMs of 8 tokens or more run on AMX tiles: `force` 0 turns that off,
 // 1 on (where the CPU has AMX), < 0 keeps it.  Returns the setting now in use.
 int64_t lowbit_amx(int64_t force) {
@@ -357,6 +366,7 @@ TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("lowbit_isa(int force) -> int", lowbit_isa);
   m.def("lowbit_amx(int force) -> int", lowbit_amx);
   m.def("lowbit_prefetch(int bytes) -> int", lowbit_prefetch);
+  m.def("lowbit_residual(float cut) -> float", lowbit_residual);
 }
 
 TORCH_LIBRARY_IMPL(minivllm_cpu, CPU, m) {

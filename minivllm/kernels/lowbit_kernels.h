@@ -8,7 +8,8 @@
 //
 // * activations are quantized per group (32 or 64 values) to int8, with one
 //   float scale per group, as llama.cpp does for its dot products, plus a second
-//   int8 term for what that rounding left (q4; q8 on AMX and the portable path),
+//   int8 term for what that rounding left (q4; q8 on AMX and the portable path;
+//   optionally only in the groups where that remainder matters, `g_residual_cut`),
 //   or (q8 on AVX2 and AVX-512) to one int16 code per input;
 // * int4 weights ("q4", from Q4_0 / Q4_1 / Q4_K) are unsigned codes 0..15 with a
 //   scale and min per 32 inputs (held as the file holds them: q4_scales.h), tiled
@@ -67,6 +68,20 @@ constexpr int kTokTile = 4;    // tokens computed together (weights unpacked onc
 constexpr int64_t kDefaultPrefetchBytes = 2048;
 constexpr int64_t kQ8PrefetchRows = 16;
 int64_t g_one_token_prefetch = kDefaultPrefetchBytes;
+// Which groups of a token get the second int8 term (what the first one's rounding
+// left): those whose remainder's energy (sum of squares) exceeds this fraction of
+// the token's mean energy per group.  0 (the default) gives every group both terms.
+// A group without one costs its int8 products once instead of twice; the kernels
+// skip it.  Measured with benchmarks/accuracy.py (teacher-forced top-1 against the
+// float32 model through prefill chunks / the decode graph; SmolLM2-135M Q4_1, Gemma
+// 3 270M Q4_K_M): every group 100 / 100% and 99.1 / 99.1%; 3e-5 (about half the
+// groups) 98.4 / 98.3% and 98.5 / 98.3%; 1e-4 (a sixth) Gemma's decode 97.5%; one
+// term everywhere 94%.  Not the default: a threshold turns the last-bit differences
+// between the prefill and decode paths (attention, the fused decode layers, dense
+// GEMMs of long chunks) into whole int8 terms, and greedy tokens then change with
+// chunking or a prefix-cache hit (exact again with VLLM_BATCH_INVARIANT=1).
+constexpr float kDefaultResidualCut = 0.f;
+float g_residual_cut = kDefaultResidualCut;
 
 // The prefetch distance of a kernel computing `term_rows` activation rows (two per
 // token, x and what its rounding left).
@@ -204,9 +219,13 @@ GroupStats quantize_group(const float* src, int64_t n, int8_t* dst, int64_t isa)
 
 // Each token becomes two rows of codes: row 2 m quantizes x, row 2 m + 1 what
 // that rounding left (x - codes * scale), so together they carry x to about
-// 1/127 of one int8 quantization's error (one term alone lost ~7% top-1
-// agreement on the default model: a few large inputs set each group's scale).
-// The second row's sums are 0, so the q4 mins count the exact sum once.
+// 1/127 of one int8 quantization's error (one term alone lost ~6% top-1
+// agreement on the shipped models: the rounding error of every group adds up).
+// With a `g_residual_cut` above 0 the second row is kept only for the groups whose
+// remainder carries a share of the token's energy above it; elsewhere its codes and
+// scale are 0, which the kernels skip.  The decision reads the token's own inputs alone, so a
+// token quantizes alike in every batch.  The second row's sums are 0, so the q4
+// mins count the exact sum once.
 
 // Sizes `r` for M tokens of K inputs (groups of 32 or more); `quantize_row` then
 // writes into it without allocating, so threads may fill different rows at once.
@@ -270,31 +289,46 @@ void quantize_row(const float* x, int64_t m, int64_t K, int64_t group, int64_t i
     return quantize_row16_avx2(x, m, K, r);
 #endif
   const int64_t groups = K / group;
-  float rest[kQ8MaxGroup];
-  float fix_hi = 0.f, fix_lo = 0.f;
+  thread_local std::vector<float> rest, left;  // the remainders; each group's energy
+  if (static_cast<int64_t>(rest.size()) < K) rest.resize(K);
+  if (static_cast<int64_t>(left.size()) < groups) left.resize(groups);
+  float fix_hi = 0.f, fix_lo = 0.f, energy = 0.f;
   for (int64_t g = 0; g < groups; ++g) {
     const float* src = x + g * group;
     int8_t* hi = r.q.data() + 2 * m * K + g * group;
-    int8_t* lo = hi + K;
     const GroupStats a = quantize_group(src, group, hi, isa);
-    for (int64_t i = 0; i < group; ++i) rest[i] = src[i] - hi[i] * a.scale;
-    const GroupStats b = quantize_group(rest, group, lo, isa);
+    float e = 0.f;
+    for (int64_t i = 0; i < group; ++i) {
+      const float d = src[i] - hi[i] * a.scale;
+      rest[g * group + i] = d;
+      e += d * d;
+      energy += src[i] * src[i];
+    }
+    left[g] = e;
     const int64_t i = 2 * m * groups + g;
     r.scale[i] = a.scale;
     r.sum[i] = a.sum;
     r.qsum[i] = a.qsum;
-    r.scale[i + groups] = b.scale;
-    r.sum[i + groups] = 0.f;
-    r.qsum[i + groups] = b.qsum;
     fix_hi += 128.f * a.scale * a.qsum;
-    fix_lo += 128.f * b.scale * b.qsum;
     for (int64_t h = 0; h < group / 16; ++h) {
       float s = 0.f;
-      for (int i = 0; i < 16; ++i) s += src[16 * h + i];
+      for (int j = 0; j < 16; ++j) s += src[16 * h + j];
       const int64_t at = 2 * m * (K / 16) + g * (group / 16) + h;
       r.sum16[at] = s;
       r.sum16[at + K / 16] = 0.f;
     }
+  }
+  const float cut = g_residual_cut * energy / static_cast<float>(groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    int8_t* lo = r.q.data() + (2 * m + 1) * K + g * group;
+    GroupStats b{0.f, 0.f, 0};
+    if (left[g] > cut) b = quantize_group(rest.data() + g * group, group, lo, isa);
+    else std::memset(lo, 0, group);
+    const int64_t i = (2 * m + 1) * groups + g;
+    r.scale[i] = b.scale;
+    r.sum[i] = 0.f;
+    r.qsum[i] = b.qsum;
+    fix_lo += 128.f * b.scale * b.qsum;
   }
   r.fix[2 * m] = fix_hi;
   r.fix[2 * m + 1] = fix_lo;
@@ -468,6 +502,7 @@ void q4_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb
     __m512 scale, mins;
     group_scales_avx512(ss, sm, g, scale, mins);
     for (int t = 0; t < NT; ++t) {
+      if ((t & 1) && xscale[t * groups + g] == 0.f) continue;  // no second term here
       const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group);
       __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(x[0]));
       __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], _mm512_set1_epi32(x[1]));
@@ -507,6 +542,7 @@ void q6_tile_avx512_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb
     __m512 first, second;
     six_scales_avx512(sm, g, first, second);
     for (int t = 0; t < NT; ++t) {
+      if ((t & 1) && xscale[t * groups + g] == 0.f) continue;  // no second term here
       const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group);
       __m512i da = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(x[0]));
       __m512i db = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[2], _mm512_set1_epi32(x[4]));
@@ -577,6 +613,7 @@ void q4_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
       __m256 scale, mins;
       group_scales_avx2(ss, sm, g, h, scale, mins);
       for (int t = 0; t < NT; ++t) {
+        if ((t & 1) && xscale[t * groups + g] == 0.f) continue;  // no second term here
         const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group);
         __m256i d32 = _mm256_setzero_si256();
         __m256i d16 = _mm256_maddubs_epi16(code[0], _mm256_set1_epi32(x[0]));
@@ -640,6 +677,7 @@ void q6_tile_avx2_nt(const uint8_t* __restrict w, const uint8_t* __restrict hb,
       __m256 first, second;
       six_scales_avx2(sm, g, h, first, second);
       for (int t = 0; t < NT; ++t) {
+        if ((t & 1) && xscale[t * groups + g] == 0.f) continue;  // no second term here
         const int32_t* x = reinterpret_cast<const int32_t*>(xq + t * K + g * kQ4Group);
         __m256i half[2];
         for (int k = 0; k < 2; ++k) {  // inputs 16 k .. 16 k + 15: codes 4 k .. 4 k + 3

@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType
 from gguf_helpers import write_tiny_gguf
 
 from minivllm import LLM, SamplingParams
+from minivllm.kernels import lowbit_cpu
 
 # Mixed lengths, 3 to 66 tokens: batched, the prefill step has more than 64 rows.
 PROMPTS = [[(7 * i + 3 * j) % 120 + 1 for j in range(3 + 9 * i)] for i in range(8)]
@@ -33,13 +34,23 @@ COMMON: dict[str, Any] = dict(
 )
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+@pytest.fixture(scope="module", params=[0.0, lowbit_cpu.FAST_RESIDUAL_CUT], ids=["", "cut"])
+def model(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Path]:
+    """The tiny model, under the flag; also with the low-bit kernels' opt-in residual
+    cut, whose threshold turns last-bit differences into whole int8 terms and so
+    needs the flag's bit-exact paths to keep a request's tokens."""
     path = tmp_path_factory.mktemp("inv") / "tiny-q4_1.gguf"
     write_tiny_gguf(str(path), tie=True, num_layers=2, layer_type=GGMLQuantizationType.Q4_1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_BATCH_INVARIANT", "1")
-        yield path
+    before = lowbit_cpu.residual_cut()
+    lowbit_cpu.residual_cut(request.param)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("VLLM_BATCH_INVARIANT", "1")
+            yield path
+    finally:
+        lowbit_cpu.residual_cut(before)
 
 
 def generate(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:

@@ -1,8 +1,11 @@
-"""Test helpers: drive a model over a paged KV cache the way a model runner does."""
+"""Test helpers: drive a model over a paged KV cache the way a model runner does;
+set the low-bit kernels' residual cut for a block (`residual_cut`)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -10,6 +13,7 @@ from torch import nn
 from minivllm.attention.forward_context import set_forward_context
 from minivllm.attention.layer import bind_kv_caches, get_attention_layers
 from minivllm.attention.paged_kv import allocate_kv_caches, build_attention_metadata
+from minivllm.kernels import lowbit_cpu
 
 
 class PagedRunner:
@@ -62,3 +66,15 @@ class PagedRunner:
         with torch.no_grad(), set_forward_context(attn_metadata, self.layers):
             hidden = self.model(torch.tensor(ids), torch.tensor(positions))
             return self.model.compute_logits(hidden)
+
+
+@contextlib.contextmanager
+def residual_cut(cut: float) -> Iterator[None]:
+    """The low-bit kernels' residual cut set to ``cut`` inside the block, and set back
+    to what it was after (the setting is per process: a test must not leave it)."""
+    before = lowbit_cpu.residual_cut()
+    lowbit_cpu.residual_cut(cut)
+    try:
+        yield
+    finally:
+        lowbit_cpu.residual_cut(before)

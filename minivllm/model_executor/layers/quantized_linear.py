@@ -10,7 +10,8 @@ scales per 16; a weight fused from parts of different types, runs of each form
 behind one header, `_tile_runs`) and int8 weights below 16 rows (64 without
 VNNI), both as
 integer dot products (AVX-512 VNNI or AVX2) on activations quantized to two int8
-terms per group.  Measured on the default model (2-core Sapphire Rapids, -O2,
+terms per group (opt-in: the second only in the groups where what the first one's
+rounding left matters, `lowbit_cpu.residual_cut`).  Measured on the default model (2-core Sapphire Rapids, -O2,
 ``benchmarks/step_profile.py --baseline``): batch-1 decode 2.5x torch's int4 kernel,
 and teacher-forced top-1 agreement with the float32 model 99.8% (98.6% with torch's
 kernels on bfloat16 activations).  Without a C++ compiler the forms below serve.

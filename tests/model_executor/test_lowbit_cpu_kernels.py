@@ -26,20 +26,29 @@ def _one_term(x: torch.Tensor, group: int) -> torch.Tensor:
     return (codes * scale).view_as(x)
 
 
+def _sum_squares(v: torch.Tensor) -> torch.Tensor:
+    """Sums of squares over the last dimension (a multiple of 16) in the kernels' order:
+    16 running lanes, lane j taking inputs j, j + 16, ...; then halved pairwise."""
+    lanes = torch.zeros(*v.shape[:-1], 16)
+    for chunk in v.unflatten(-1, (-1, 16)).unbind(-2):
+        lanes = lanes + chunk * chunk
+    for half in (8, 4, 2, 1):
+        lanes = lanes[..., :half] + lanes[..., half : 2 * half]
+    return lanes[..., 0]
+
+
 def _second_term_groups(x: torch.Tensor, group: int, cut: float) -> torch.Tensor:
     """Which groups of each token get the second term: those whose remainder's energy
     (after the first term) is above ``cut`` times the token's mean energy per group.
-    Summed as the kernels sum, in float32 one input after another, so that a group
-    near the line falls on the same side."""
+    Summed in float32 in the kernels' order (`_sum_squares` a group, the groups one
+    after another), so that a group near the line falls on the same side."""
     rows, k = x.shape
     groups = k // group
-    rest = (x - _one_term(x, group)).view(rows, groups, group)
-    left = torch.zeros(rows, groups)
-    for i in range(group):
-        left = left + rest[..., i] * rest[..., i]
+    left = _sum_squares((x - _one_term(x, group)).view(rows, groups, group))
+    per_group = _sum_squares(x.view(rows, groups, group))
     energy = torch.zeros(rows)
-    for i in range(k):
-        energy = energy + x[:, i] * x[:, i]
+    for g in range(groups):
+        energy = energy + per_group[:, g]
     line = torch.tensor(cut, dtype=torch.float32) * energy / groups
     return left > line[:, None]
 

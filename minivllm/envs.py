@@ -6,6 +6,7 @@ with ``monkeypatch.setenv``.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -122,7 +123,7 @@ def cpu_residual_cut() -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value >= 0 or value == float("inf"):
+    if not (math.isfinite(value) and value >= 0):
         raise ValueError(
             f"MINIVLLM_CPU_RESIDUAL_CUT={raw!r} is not a finite number >= 0; unset it (or "
             "use 0) for a second term in every group, or give a share such as 3e-5"

@@ -71,8 +71,8 @@ int64_t g_one_token_prefetch = kDefaultPrefetchBytes;
 // Which groups of a token get the second int8 term (what the first one's rounding
 // left): those whose remainder's energy (sum of squares) exceeds this fraction of
 // the token's mean energy per group.  0 (the default) gives every group both terms.
-// A group without one costs its int8 products once instead of twice; the kernels
-// skip it.  Measured with benchmarks/accuracy.py (teacher-forced top-1 against the
+// A group without one costs its int8 products once instead of twice: the q4 tiles
+// skip it (the q8 kernels multiply its zeros).  Measured with benchmarks/accuracy.py (teacher-forced top-1 against the
 // float32 model through prefill chunks / the decode graph; SmolLM2-135M Q4_1, Gemma
 // 3 270M Q4_K_M): every group 100 / 100% and 99.1 / 99.1%; 3e-5 (about half the
 // groups) 98.4 / 98.3% and 98.5 / 98.3%; 1e-4 (a sixth) Gemma's decode 97.5%; one
@@ -80,8 +80,7 @@ int64_t g_one_token_prefetch = kDefaultPrefetchBytes;
 // between the prefill and decode paths (attention, the fused decode layers, dense
 // GEMMs of long chunks) into whole int8 terms, and greedy tokens then change with
 // chunking or a prefix-cache hit (exact again with VLLM_BATCH_INVARIANT=1).
-constexpr float kDefaultResidualCut = 0.f;
-float g_residual_cut = kDefaultResidualCut;
+float g_residual_cut = 0.f;
 
 // The prefetch distance of a kernel computing `term_rows` activation rows (two per
 // token, x and what its rounding left).
@@ -223,7 +222,7 @@ GroupStats quantize_group(const float* src, int64_t n, int8_t* dst, int64_t isa)
 // agreement on the shipped models: the rounding error of every group adds up).
 // With a `g_residual_cut` above 0 the second row is kept only for the groups whose
 // remainder carries a share of the token's energy above it; elsewhere its codes and
-// scale are 0, which the kernels skip.  The decision reads the token's own inputs alone, so a
+// scale are 0, which the q4 tiles skip.  The decision reads the token's own inputs alone, so a
 // token quantizes alike in every batch.  The second row's sums are 0, so the q4
 // mins count the exact sum once.
 
@@ -279,9 +278,6 @@ void quantize_row16_avx2(const float* x, int64_t m, int64_t K, QuantizedRows& r)
 }
 #endif
 
-// Token m (its K inputs at x) into rows 2 m and 2 m + 1 of `r` (reserved for at
-// least m + 1 tokens of K inputs), laid out for K and `group`; also the q8
-// kernels' per-row correction `fix` (128 * sum over groups of scale * code sum).
 // Sum of squares of n values (a multiple of 16) in a fixed order whatever the CPU:
 // 16 running lanes (lane j takes inputs j, j + 16, ...), then halved pairwise
 // (lane j + 8 onto j, then + 4, + 2, + 1).  The lanes vectorize; one running sum
@@ -317,6 +313,9 @@ void second_terms(const float* rest, const float* left, float energy, int64_t m,
   r.fix[2 * m + 1] = fix_lo;
 }
 
+// Token m (its K inputs at x) into rows 2 m and 2 m + 1 of `r` (reserved for at
+// least m + 1 tokens of K inputs), laid out for K and `group`; also the q8
+// kernels' per-row correction `fix` (128 * sum over groups of scale * code sum).
 void quantize_row(const float* x, int64_t m, int64_t K, int64_t group, int64_t isa,
                   QuantizedRows& r) {
 #if defined(__x86_64__)

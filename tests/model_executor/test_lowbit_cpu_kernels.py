@@ -71,12 +71,13 @@ def cut(request: pytest.FixtureRequest):
         yield request.param
 
 
-def _close_enough(
+def _near_float(
     got: torch.Tensor, x: torch.Tensor, dense: torch.Tensor, group: int, cut: float
 ) -> bool:
-    """With a second term in every group, ``got`` is within ~1/127 of one term's ~1e-2
-    of the float product ``x @ dense.T``; with a cut (whose reference the caller
-    matched ``got`` to), the inputs put some groups on each side of it."""
+    """Where every group has its second term, ``got`` is within ~1/127 of one term's
+    ~1e-2 of the float product ``x @ dense.T``.  With a cut (the caller has matched
+    ``got`` to the cut's own reference), the inputs instead must put groups on both
+    sides of the line, or that reference would be one of the two without a cut."""
     if cut == 0:
         exact = x @ dense.T
         return bool((got - exact).norm() / exact.norm() < 1e-3)
@@ -187,7 +188,7 @@ def test_q4_gemm_matches_quantized_reference(isa: int, cut: float, bits: int, fo
         terms = xq.abs() @ (dense - mins).abs().T + x.abs() @ mins.abs().T
         assert ((got - want).abs() <= 64 * torch.finfo(torch.float32).eps * terms).all()
         # Two int8 terms: close to the float product (one term alone is ~1e-2 off).
-        assert _close_enough(got, x, dense, 32, cut)
+        assert _near_float(got, x, dense, 32, cut)
         # A token's result does not depend on its batch (each token tile sums in the
         # same order): what batch-invariant decoding relies on.
         for r in {0, rows - 1}:
@@ -248,22 +249,18 @@ def test_the_second_term_goes_where_the_remainder_carries_weight(isa: int) -> No
     def want(seen: torch.Tensor) -> torch.Tensor:
         return seen @ (dense - mins).T + x @ mins.T
 
-    before = lowbit_cpu.residual_cut()
-    try:
-        for cut, seen in (
-            (lowbit_cpu.FAST_RESIDUAL_CUT, _quantized(x, 32, lowbit_cpu.FAST_RESIDUAL_CUT)),
-            (0.0, _quantized(x, 32, 0.0)),
-            (1e30, _one_term(x, 32)),
-        ):
-            assert lowbit_cpu.residual_cut(cut) == pytest.approx(cut)
+    for cut, seen in (
+        (lowbit_cpu.FAST_RESIDUAL_CUT, _quantized(x, 32, lowbit_cpu.FAST_RESIDUAL_CUT)),
+        (0.0, _quantized(x, 32, 0.0)),
+        (1e30, _one_term(x, 32)),
+    ):
+        with residual_cut(cut):
             assert lowbit_cpu.residual_cut() == pytest.approx(cut)  # -1 reads it back
             got = torch.ops.minivllm_cpu.q4_gemm(x, codes, scale_min)
-            terms = seen.abs() @ (dense - mins).abs().T + x.abs() @ mins.abs().T
-            bound = 64 * torch.finfo(torch.float32).eps * terms
-            assert ((got - want(seen)).abs() <= bound).all(), cut
-            assert torch.equal(got[1], torch.zeros(n))
-    finally:
-        lowbit_cpu.residual_cut(before)
+        terms = seen.abs() @ (dense - mins).abs().T + x.abs() @ mins.abs().T
+        bound = 64 * torch.finfo(torch.float32).eps * terms
+        assert ((got - want(seen)).abs() <= bound).all(), cut
+        assert torch.equal(got[1], torch.zeros(n))
 
 
 def test_the_residual_cut_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -350,7 +347,7 @@ def test_q8_gemm_matches_quantized_reference(isa: int, cut: float, k: int) -> No
         x[:, 7] *= 40  # one large input sets its group's scale
         got = torch.ops.minivllm_cpu.q8_gemm(x, w, scale)
         torch.testing.assert_close(got, seen(x) @ dense.T, rtol=1e-5, atol=1e-4)
-        assert _close_enough(got, x, dense, 64, cut)
+        assert _near_float(got, x, dense, 64, cut)
         # bfloat16 row scales (the model's form) are read as their float values.
         got16 = torch.ops.minivllm_cpu.q8_gemm(x, w, scale.bfloat16())
         want16 = seen(x) @ (w.float() * scale.bfloat16().float()[:, None]).T
@@ -610,7 +607,7 @@ def test_q8_tiled_gemm_matches_one_and_two_term_references(cut: float, k: int) -
             if terms == 1:
                 assert 1e-3 < err < 3e-2, err
             else:
-                assert err < 3e-4 if cut == 0 else _close_enough(got, x, dense, group, cut)
+                assert err < 3e-4 if cut == 0 else _near_float(got, x, dense, group, cut)
             for r in range(rows):
                 alone = torch.ops.minivllm_cpu.q8_tiled_gemm(x[r : r + 1], tiles, scale, terms)
                 assert torch.equal(got[r : r + 1], alone)
